@@ -1,0 +1,78 @@
+// CSignerShim: the few C calls Swift cannot make directly (variadic
+// functions, macros, `struct ucred`). Every symbol carries the target's
+// prefix, as swift-nio's CNIOLinux_* shims do.
+#ifndef CSIGNERSHIM_H
+#define CSIGNERSHIM_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <microhttpd.h>
+#include <openssl/evp.h>
+
+/// Peer credentials of a connected Unix socket (`SO_PEERCRED`, socket(7)).
+/// Returns 0 on success, else -1 with errno set.
+int CSignerShim_peer_credentials(int fd, uid_t *uid, gid_t *gid, pid_t *pid);
+
+/// `prctl(PR_SET_DUMPABLE, 0)` and `RLIMIT_CORE` 0: no core dump of the
+/// process memory, no ptrace attach by same-uid processes. Returns 0 or -1.
+int CSignerShim_disable_core_dumps(void);
+
+/// Whether the process is dumpable (`prctl(PR_GET_DUMPABLE)`), for tests.
+int CSignerShim_is_dumpable(void);
+
+/// A log callback receiving a formatted, NUL-terminated message.
+typedef void (*CSignerShim_log_callback)(void *context, const char *message);
+
+/// Options for `CSignerShim_mhd_start`, mirroring the `MHD_OPTION_*` values
+/// signerd sets. Zero means "library default" for the numeric fields.
+typedef struct CSignerShim_mhd_options {
+    unsigned int flags;                 // MHD_USE_* flags
+    int listen_fd;                      // MHD_OPTION_LISTEN_SOCKET
+    unsigned int thread_pool_size;      // MHD_OPTION_THREAD_POOL_SIZE
+    unsigned int connection_limit;      // MHD_OPTION_CONNECTION_LIMIT
+    unsigned int connection_timeout_s;  // MHD_OPTION_CONNECTION_TIMEOUT
+    size_t connection_memory_limit;     // MHD_OPTION_CONNECTION_MEMORY_LIMIT
+    MHD_AccessHandlerCallback access_handler;
+    void *access_context;
+    MHD_RequestCompletedCallback completed_callback;    // MHD_OPTION_NOTIFY_COMPLETED
+    void *completed_context;
+    MHD_NotifyConnectionCallback connection_callback;   // MHD_OPTION_NOTIFY_CONNECTION
+    void *connection_context;
+    void *(*uri_log_callback)(void *cls, const char *uri, struct MHD_Connection *con); // MHD_OPTION_URI_LOG_CALLBACK
+    void *uri_log_context;
+    CSignerShim_log_callback log_callback;              // MHD_OPTION_EXTERNAL_LOGGER
+    void *log_context;
+} CSignerShim_mhd_options;
+
+/// Calls the variadic `MHD_start_daemon` with the options above (port 0, no
+/// accept policy; the listening socket is always given).
+struct MHD_Daemon *CSignerShim_mhd_start(const CSignerShim_mhd_options *options);
+
+/// The socket descriptor of an MHD connection, or -1
+/// (`MHD_get_connection_info(MHD_CONNECTION_INFO_CONNECTION_FD)`).
+int CSignerShim_mhd_connection_fd(struct MHD_Connection *connection);
+
+/// `EVP_EC_gen(curve)` (a macro over the variadic `EVP_PKEY_Q_keygen`).
+EVP_PKEY *CSignerShim_ec_generate(const char *curve);
+
+/// `EVP_PKEY_Q_keygen(NULL, NULL, "RSA", bits)` for tests that need a non-EC key.
+EVP_PKEY *CSignerShim_rsa_generate(size_t bits);
+
+/// An EC public key from a group name (`prime256v1`, …) and an uncompressed
+/// point, via `EVP_PKEY_fromdata` with the parameter names as static C
+/// strings (OSSL_PARAM keeps pointers to them), then `EVP_PKEY_public_check`.
+/// Returns NULL when the point is not on the curve.
+EVP_PKEY *CSignerShim_ec_public_key(const char *group, const unsigned char *point, size_t length);
+
+/// `OPENSSL_free` (a macro over `CRYPTO_free`).
+void CSignerShim_openssl_free(void *pointer);
+
+/// `BIO_get_mem_data` (a macro over `BIO_ctrl`): length of a memory BIO's
+/// contents, with `*data` pointing at them.
+long CSignerShim_bio_mem_data(BIO *bio, char **data);
+
+/// `EVP_PKEY_PUBLIC_KEY`, the selection for `EVP_PKEY_fromdata` (a composite macro).
+static inline int CSignerShim_evp_pkey_public_key_selection(void) { return EVP_PKEY_PUBLIC_KEY; }
+
+#endif

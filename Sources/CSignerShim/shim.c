@@ -1,0 +1,152 @@
+#define _GNU_SOURCE
+#include "CSignerShim.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <openssl/bio.h>
+#include <openssl/crypto.h>
+#include <openssl/core_names.h>
+#include <openssl/ec.h>
+#include <openssl/params.h>
+
+int CSignerShim_peer_credentials(int fd, uid_t *uid, gid_t *gid, pid_t *pid) {
+    struct ucred cred;
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
+        return -1;
+    }
+    if (len != sizeof(cred)) {
+        errno = EINVAL;
+        return -1;
+    }
+    *uid = cred.uid;
+    *gid = cred.gid;
+    *pid = cred.pid;
+    return 0;
+}
+
+int CSignerShim_disable_core_dumps(void) {
+    struct rlimit none = {0, 0};
+    if (setrlimit(RLIMIT_CORE, &none) != 0) {
+        return -1;
+    }
+    return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+int CSignerShim_is_dumpable(void) {
+    return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
+}
+
+struct shim_logger {
+    CSignerShim_log_callback callback;
+    void *context;
+};
+
+static void shim_mhd_log(void *cls, const char *fmt, va_list ap) {
+    struct shim_logger *logger = cls;
+    char message[512];
+    vsnprintf(message, sizeof(message), fmt, ap);
+    size_t n = strlen(message);
+    while (n > 0 && (message[n - 1] == '\n' || message[n - 1] == '\r')) {
+        message[--n] = '\0';
+    }
+    logger->callback(logger->context, message);
+}
+
+struct MHD_Daemon *CSignerShim_mhd_start(const CSignerShim_mhd_options *o) {
+    // The logger context must outlive the daemon; one per process start is
+    // small and the daemon is started a handful of times at most.
+    static struct shim_logger loggers[16];
+    static int next_logger = 0;
+    struct shim_logger *logger = NULL;
+    if (o->log_callback != NULL) {
+        logger = &loggers[__atomic_fetch_add(&next_logger, 1, __ATOMIC_SEQ_CST) % 16];
+        logger->callback = o->log_callback;
+        logger->context = o->log_context;
+    }
+    struct MHD_OptionItem items[16];
+    int i = 0;
+    items[i++] = (struct MHD_OptionItem){MHD_OPTION_LISTEN_SOCKET, o->listen_fd, NULL};
+    if (o->thread_pool_size > 1) {
+        items[i++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, o->thread_pool_size, NULL};
+    }
+    if (o->connection_limit > 0) {
+        items[i++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_LIMIT, o->connection_limit, NULL};
+    }
+    if (o->connection_timeout_s > 0) {
+        items[i++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_TIMEOUT, o->connection_timeout_s, NULL};
+    }
+    if (o->connection_memory_limit > 0) {
+        items[i++] = (struct MHD_OptionItem){MHD_OPTION_CONNECTION_MEMORY_LIMIT, (intptr_t)o->connection_memory_limit, NULL};
+    }
+    if (o->completed_callback != NULL) {
+        items[i++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_COMPLETED, (intptr_t)o->completed_callback, o->completed_context};
+    }
+    if (o->connection_callback != NULL) {
+        items[i++] = (struct MHD_OptionItem){MHD_OPTION_NOTIFY_CONNECTION, (intptr_t)o->connection_callback, o->connection_context};
+    }
+    if (o->uri_log_callback != NULL) {
+        items[i++] = (struct MHD_OptionItem){MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)o->uri_log_callback, o->uri_log_context};
+    }
+    if (logger != NULL) {
+        items[i++] = (struct MHD_OptionItem){MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)shim_mhd_log, logger};
+    }
+    items[i++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    return MHD_start_daemon(o->flags, 0, NULL, NULL,
+                            o->access_handler, o->access_context,
+                            MHD_OPTION_ARRAY, items,
+                            MHD_OPTION_END);
+}
+
+int CSignerShim_mhd_connection_fd(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return info == NULL ? -1 : info->connect_fd;
+}
+
+EVP_PKEY *CSignerShim_ec_generate(const char *curve) {
+    return EVP_EC_gen(curve);
+}
+
+EVP_PKEY *CSignerShim_rsa_generate(size_t bits) {
+    return EVP_PKEY_Q_keygen(NULL, NULL, "RSA", bits);
+}
+
+void CSignerShim_openssl_free(void *pointer) {
+    OPENSSL_free(pointer);
+}
+
+long CSignerShim_bio_mem_data(BIO *bio, char **data) {
+    return BIO_get_mem_data(bio, data);
+}
+
+EVP_PKEY *CSignerShim_ec_public_key(const char *group, const unsigned char *point, size_t length) {
+    OSSL_PARAM params[3];
+    params[0] = OSSL_PARAM_construct_utf8_string(OSSL_PKEY_PARAM_GROUP_NAME, (char *)group, 0);
+    params[1] = OSSL_PARAM_construct_octet_string(OSSL_PKEY_PARAM_PUB_KEY, (void *)point, length);
+    params[2] = OSSL_PARAM_construct_end();
+    EVP_PKEY_CTX *context = EVP_PKEY_CTX_new_from_name(NULL, "EC", NULL);
+    if (context == NULL) {
+        return NULL;
+    }
+    EVP_PKEY *key = NULL;
+    if (EVP_PKEY_fromdata_init(context) != 1 ||
+        EVP_PKEY_fromdata(context, &key, EVP_PKEY_PUBLIC_KEY, params) != 1) {
+        EVP_PKEY_CTX_free(context);
+        return NULL;
+    }
+    EVP_PKEY_CTX_free(context);
+    EVP_PKEY_CTX *check = EVP_PKEY_CTX_new_from_pkey(NULL, key, NULL);
+    int ok = check != NULL && EVP_PKEY_public_check(check) == 1;
+    EVP_PKEY_CTX_free(check);
+    if (!ok) {
+        EVP_PKEY_free(key);
+        return NULL;
+    }
+    return key;
+}

@@ -1,0 +1,107 @@
+/// An error from the token side of signerd: module, URI, PIN, sessions,
+/// keys and signing.
+///
+/// ``code`` is stable for programs. Context fields say where it happened:
+/// the PKCS#11 ``function`` and its ``returnValue`` (`CKR_*`), the
+/// ``tokenLabel`` and the ``keyID``. ``message`` never contains a PIN or key
+/// bytes.
+public struct HSMError: Error, Sendable, CustomStringConvertible {
+    /// Stable error codes.
+    public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        public var rawValue: String
+        public init(rawValue: String) { self.rawValue = rawValue }
+        public var description: String { rawValue }
+
+        /// A PKCS#11 function returned a failure not covered by a more specific code.
+        public static let pkcs11Failure = Code(rawValue: "pkcs11_failure")
+        /// The token URI is not a valid RFC 7512 URI or lacks what signerd needs.
+        public static let invalidURI = Code(rawValue: "invalid_uri")
+        /// The PKCS#11 module could not be found or loaded.
+        public static let moduleNotFound = Code(rawValue: "module_not_found")
+        /// No token (or more than one) matches the URI.
+        public static let tokenNotFound = Code(rawValue: "token_not_found")
+        /// The PIN source could not be read.
+        public static let pinSourceUnreadable = Code(rawValue: "pin_source_unreadable")
+        /// The PIN file is readable by other users; signerd refuses it.
+        public static let pinSourceInsecure = Code(rawValue: "pin_source_insecure")
+        /// The token refused the PIN (`CKR_PIN_INCORRECT`, `CKR_PIN_LOCKED`,
+        /// `CKR_PIN_EXPIRED`, …). Never retried: tokens lock after a few tries.
+        public static let pinRejected = Code(rawValue: "pin_rejected")
+        /// No private key with this key ID on the token.
+        public static let keyNotFound = Code(rawValue: "key_not_found")
+        /// A key with this key ID is already on the token.
+        public static let keyExists = Code(rawValue: "key_exists")
+        /// The key object is unusable (not EC P-256, no public key object, …).
+        public static let keyInvalid = Code(rawValue: "key_invalid")
+        /// No session became free within the checkout timeout.
+        public static let sessionUnavailable = Code(rawValue: "session_unavailable")
+        /// The token is down and being recovered; try again after ``HSMError/retryAfter``.
+        public static let tokenUnavailable = Code(rawValue: "token_unavailable")
+        /// A signature made by the token did not verify with the key's public key.
+        public static let verificationFailed = Code(rawValue: "verification_failed")
+        /// A signing call did not return within the configured timeout.
+        public static let signTimeout = Code(rawValue: "sign_timeout")
+    }
+
+    /// What went wrong.
+    public var code: Code
+    /// A sentence for the operator.
+    public var message: String
+    /// The PKCS#11 function that failed (`C_Sign`), when one did.
+    public var function: String?
+    /// What it returned.
+    public var returnValue: PKCS11ReturnValue?
+    /// The token's label.
+    public var tokenLabel: String?
+    /// The key ID involved.
+    public var keyID: String?
+    /// For ``Code/tokenUnavailable`` and ``Code/sessionUnavailable``: seconds
+    /// after which a retry may succeed.
+    public var retryAfter: Double?
+
+    /// Makes an error.
+    /// - Parameters:
+    ///   - code: the stable code.
+    ///   - message: a sentence without secrets.
+    public init(_ code: Code, _ message: String) {
+        self.code = code
+        self.message = message
+    }
+
+    /// Makes an error for a PKCS#11 call that returned `rv`: codes
+    /// ``Code/pinRejected`` for the PIN family, ``Code/pkcs11Failure`` otherwise.
+    init(pkcs11 function: PKCS11Function, _ rv: PKCS11ReturnValue, message: String, tokenLabel: String? = nil, keyID: String? = nil) {
+        self.code = PKCS11ReturnValue.pinFailures.contains(rv) ? .pinRejected : .pkcs11Failure
+        self.message = "\(message): \(function.rawValue) returned \(rv)"
+        self.function = function.rawValue
+        self.returnValue = rv
+        self.tokenLabel = tokenLabel
+        self.keyID = keyID
+    }
+
+    public var description: String {
+        var parts = ["\(code): \(message)"]
+        if let tokenLabel { parts.append("token=\(tokenLabel)") }
+        if let keyID { parts.append("key=\(keyID)") }
+        return parts.joined(separator: " ")
+    }
+}
+
+extension PKCS11ReturnValue {
+    /// Return values that mean the PIN itself is wrong or unusable; a login
+    /// that gets one is never repeated.
+    public static let pinFailures: Set<PKCS11ReturnValue> = [.pinIncorrect, .pinLocked, .pinExpired, .pinInvalid, .pinLenRange]
+
+    /// Return values after which the session is dropped and replaced.
+    public static let sessionFailures: Set<PKCS11ReturnValue> = [.sessionHandleInvalid, .sessionClosed, .operationActive, .operationNotInitialized]
+
+    /// Return values after which the key handle is looked up again.
+    public static let objectFailures: Set<PKCS11ReturnValue> = [.objectHandleInvalid, .keyHandleInvalid]
+
+    /// Return values that mean the token or module is gone or broken as a
+    /// whole; recovery reinitializes the module.
+    public static let tokenFailures: Set<PKCS11ReturnValue> = [
+        .deviceRemoved, .tokenNotPresent, .deviceError, .deviceMemory, .cryptokiNotInitialized,
+        .generalError, .slotIdInvalid, .tokenNotRecognized,
+    ]
+}

@@ -1,0 +1,293 @@
+// Key objects on the token: look-up, listing, import and deletion.
+
+/// What `signctl keys list` and `GET /v1/keys` show of one key on the token.
+/// Never any secret.
+public struct TokenKeyInfo: Sendable {
+    /// The App Store key ID (the objects' `CKA_ID`, printable).
+    public var keyID: String
+    /// `CKA_LABEL` of the private key.
+    public var label: String
+    /// The curve from `CKA_EC_PARAMS`; nil when it is not one signerd knows.
+    public var curve: ECCurve?
+    /// The public key, from the public key object's `CKA_EC_POINT`.
+    public var publicKey: ECPublicKey?
+    /// `CKA_EXTRACTABLE` of the private key (nil if unreadable).
+    public var extractable: Bool?
+    /// `CKA_SENSITIVE` of the private key (nil if unreadable).
+    public var sensitive: Bool?
+
+    /// Whether a public key object with the same `CKA_ID` exists.
+    public var hasPublicKey: Bool { publicKey != nil }
+    /// SHA-256 of the DER SubjectPublicKeyInfo, lowercase hex.
+    public var fingerprint: String? { publicKey?.fingerprint }
+}
+
+/// What an import did.
+public struct KeyImportResult: Sendable {
+    /// The key ID the objects carry.
+    public var keyID: String
+    /// The public key that was imported and self-tested.
+    public var publicKey: ECPublicKey
+    /// Whether objects with this key ID were replaced.
+    public var replaced: Bool
+}
+
+extension HSMToken {
+    /// Finds the private key object of `keyID` and its public key.
+    func lookUpKey(_ keyID: String, session: UInt) throws(HSMError) -> CachedKey {
+        let handles = try find(session, [
+            Attribute(P11.classAttribute, ulong: P11.privateKeyClass),
+            Attribute(P11.id, Array(keyID.utf8)),
+        ])
+        guard let handle = handles.first else {
+            var error = HSMError(.keyNotFound, "no private key with key ID \(keyID) on token \(label); import it with signctl keys import")
+            error.keyID = keyID
+            error.tokenLabel = label
+            throw error
+        }
+        guard handles.count == 1 else {
+            var error = HSMError(.keyInvalid, "\(handles.count) private keys carry key ID \(keyID) on token \(label); delete the extra ones")
+            error.keyID = keyID
+            throw error
+        }
+        let params = try readAttribute(session, handle, P11.ecParams, keyID: keyID)
+        guard let params, ECCurve(parametersDER: params) == .p256 else {
+            var error = HSMError(.keyInvalid, "key \(keyID) is not an EC P-256 key; App Store keys are P-256")
+            error.keyID = keyID
+            throw error
+        }
+        return CachedKey(handle: handle, publicKey: try readPublicKey(keyID, session: session, curve: .p256))
+    }
+
+    private func readPublicKey(_ keyID: String, session: UInt, curve: ECCurve) throws(HSMError) -> ECPublicKey? {
+        let handles = try find(session, [
+            Attribute(P11.classAttribute, ulong: P11.publicKeyClass),
+            Attribute(P11.id, Array(keyID.utf8)),
+        ])
+        guard let handle = handles.first, let point = try readAttribute(session, handle, P11.ecPoint, keyID: keyID) else {
+            return nil
+        }
+        guard let uncompressed = HSMToken.uncompressedPoint(fromECPoint: point, curve: curve),
+              let key = try? ECPublicKey(curve: curve, uncompressedPoint: uncompressed) else {
+            var error = HSMError(.keyInvalid, "the public key object of \(keyID) holds no valid \(curve) point")
+            error.keyID = keyID
+            throw error
+        }
+        return key
+    }
+
+    /// `CKA_EC_POINT` comes DER-wrapped (an OCTET STRING, as PKCS#11
+    /// specifies) or raw (some tokens). Which one is decided by the length
+    /// the curve implies, never by trying DER first: a raw P-256 point is 65
+    /// bytes `04 ‖ X ‖ Y`, the wrapped one 67 bytes `04 41 04 ‖ X ‖ Y`.
+    /// - Returns: the uncompressed point, or nil when neither length fits.
+    static func uncompressedPoint(fromECPoint value: [UInt8], curve: ECCurve) -> [UInt8]? {
+        let rawLength = 1 + 2 * curve.byteCount
+        let header: [UInt8] = rawLength < 0x80 ? [0x04, UInt8(rawLength)] : [0x04, 0x81, UInt8(rawLength)]
+        if value.count == rawLength {
+            return value.first == 0x04 ? value : nil
+        }
+        if value.count == header.count + rawLength, Array(value.prefix(header.count)) == header {
+            let point = Array(value.dropFirst(header.count))
+            return point.first == 0x04 ? point : nil
+        }
+        return nil
+    }
+
+    /// The DER OCTET STRING form of an uncompressed point, for `CKA_EC_POINT`.
+    static func wrappedECPoint(_ point: [UInt8]) -> [UInt8] {
+        (point.count < 0x80 ? [0x04, UInt8(point.count)] : [0x04, 0x81, UInt8(point.count)]) + point
+    }
+
+    func find(_ session: UInt, _ template: [Attribute]) throws(HSMError) -> [UInt] {
+        let (rv, function, handles) = functions.findObjects(session, template: template)
+        guard rv == .ok else {
+            throw HSMError(pkcs11: function, rv, message: "cannot search the token", tokenLabel: label)
+        }
+        return handles
+    }
+
+    /// One attribute's bytes; nil when the token says it is sensitive or absent.
+    func readAttribute(_ session: UInt, _ object: UInt, _ type: UInt, keyID: String?) throws(HSMError) -> [UInt8]? {
+        let (rv, value) = functions.attribute(session, object: object, type: type)
+        switch rv {
+        case .ok: return value
+        case .attributeSensitive, .attributeTypeInvalid: return nil
+        default:
+            throw HSMError(pkcs11: .getAttributeValue, rv, message: "cannot read an attribute", tokenLabel: label, keyID: keyID)
+        }
+    }
+
+    private func readBool(_ session: UInt, _ object: UInt, _ type: UInt) throws(HSMError) -> Bool? {
+        try readAttribute(session, object, type, keyID: nil).flatMap { $0.first.map { $0 != 0 } }
+    }
+
+    /// Reads `CKA_VALUE` of a key's private key object: succeeds only on a
+    /// token that let the key be read, which an imported key must never be.
+    /// - Returns: the bytes, or nil when the token refuses (`CKR_ATTRIBUTE_SENSITIVE`).
+    public func readPrivateValue(keyID: String) throws(HSMError) -> [UInt8]? {
+        try withSession { (session) throws(HSMError) -> [UInt8]? in
+            let key = try lookUpKey(keyID, session: session)
+            return try readAttribute(session, key.handle, P11.value, keyID: keyID)
+        }
+    }
+
+    /// Lists the EC private keys on the token.
+    /// - Returns: one entry per private key object, sorted by key ID.
+    /// - Throws: ``HSMError`` from the search.
+    public func listKeys() throws(HSMError) -> [TokenKeyInfo] {
+        try withSession { (session) throws(HSMError) -> [TokenKeyInfo] in
+            let handles = try find(session, [
+                Attribute(P11.classAttribute, ulong: P11.privateKeyClass),
+                Attribute(P11.keyType, ulong: P11.ecKeyType),
+            ])
+            var keys: [TokenKeyInfo] = []
+            for handle in handles {
+                let id = try readAttribute(session, handle, P11.id, keyID: nil) ?? []
+                let keyID = HSMToken.printable(id)
+                let label = HSMToken.printable(try readAttribute(session, handle, P11.label, keyID: keyID) ?? [])
+                let curve = (try readAttribute(session, handle, P11.ecParams, keyID: keyID)).flatMap { ECCurve(parametersDER: $0) }
+                let publicKey = curve == nil ? nil : try? readPublicKey(keyID, session: session, curve: curve!)  // checked non-nil
+                keys.append(TokenKeyInfo(
+                    keyID: keyID, label: label, curve: curve, publicKey: publicKey ?? nil,
+                    extractable: try readBool(session, handle, P11.extractable),
+                    sensitive: try readBool(session, handle, P11.sensitive)))
+            }
+            return keys.sorted { $0.keyID < $1.keyID }
+        }
+    }
+
+    static func printable(_ bytes: [UInt8]) -> String {
+        if bytes.allSatisfy({ $0 >= 0x20 && $0 < 0x7f }) {
+            return String(decoding: bytes, as: UTF8.self)
+        }
+        return "0x" + bytes.hexString
+    }
+
+    /// Imports a P-256 key: a private key object (`CKA_TOKEN`, `CKA_PRIVATE`,
+    /// `CKA_SENSITIVE` true, `CKA_EXTRACTABLE` false, `CKA_SIGN` true, every
+    /// other usage false, `CKA_LABEL` and `CKA_ID` the key ID) and a public
+    /// key object (`CKA_EC_POINT` as a DER OCTET STRING). Then it signs a
+    /// random digest through the token and verifies it with the file's
+    /// public key; on failure it removes what it created. With `replace`,
+    /// older objects with the key ID are removed only after the new key passed.
+    ///
+    /// The corresponding PKCS#11 function is `C_CreateObject`.
+    /// - Parameters:
+    ///   - material: the parsed key file.
+    ///   - keyID: 10 characters `A-Z0-9`.
+    ///   - replace: whether an existing key with this ID may be replaced.
+    /// - Returns: what was imported.
+    /// - Throws: ``HSMError/Code/keyExists`` (without `replace`),
+    ///   ``HSMError/Code/verificationFailed`` (self-test), `pkcs11_failure`.
+    public func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool) throws(HSMError) -> KeyImportResult {
+        guard KeyID.isValid(keyID) else {
+            throw HSMError(.keyInvalid, "key ID \(keyID) is not 10 characters A-Z0-9")
+        }
+        let idBytes = Array(keyID.utf8)
+        return try withReadWriteSession { (session) throws(HSMError) -> KeyImportResult in
+            let existing = try find(session, [Attribute(P11.id, idBytes)])
+                + (try find(session, [Attribute(P11.label, idBytes)]))
+            let old = Array(Set(existing))
+            if !old.isEmpty && !replace {
+                var error = HSMError(.keyExists, "key ID \(keyID) is already on token \(label); pass --replace to replace it")
+                error.keyID = keyID
+                throw error
+            }
+            let privateTemplate: [Attribute] = [
+                Attribute(P11.classAttribute, ulong: P11.privateKeyClass),
+                Attribute(P11.keyType, ulong: P11.ecKeyType),
+                Attribute(P11.token, bool: true),
+                Attribute(P11.private, bool: true),
+                Attribute(P11.sensitive, bool: true),
+                Attribute(P11.extractable, bool: false),
+                Attribute(P11.sign, bool: true),
+                Attribute(P11.signRecover, bool: false),
+                Attribute(P11.decrypt, bool: false),
+                Attribute(P11.unwrap, bool: false),
+                Attribute(P11.derive, bool: false),
+                Attribute(P11.modifiable, bool: false),
+                Attribute(P11.label, idBytes),
+                Attribute(P11.id, idBytes),
+                Attribute(P11.ecParams, material.curve.parametersDER),
+                Attribute(P11.value, secret: material.scalar),
+            ]
+            let (privateRV, privateHandle) = functions.createObject(session, template: privateTemplate)
+            guard privateRV == .ok else {
+                throw HSMError(pkcs11: .createObject, privateRV, message: "cannot create the private key object", tokenLabel: label, keyID: keyID)
+            }
+            let publicTemplate: [Attribute] = [
+                Attribute(P11.classAttribute, ulong: P11.publicKeyClass),
+                Attribute(P11.keyType, ulong: P11.ecKeyType),
+                Attribute(P11.token, bool: true),
+                Attribute(P11.private, bool: false),
+                Attribute(P11.verify, bool: true),
+                Attribute(P11.encrypt, bool: false),
+                Attribute(P11.wrap, bool: false),
+                Attribute(P11.verifyRecover, bool: false),
+                Attribute(P11.derive, bool: false),
+                Attribute(P11.modifiable, bool: false),
+                Attribute(P11.label, idBytes),
+                Attribute(P11.id, idBytes),
+                Attribute(P11.ecParams, material.curve.parametersDER),
+                Attribute(P11.ecPoint, HSMToken.wrappedECPoint(material.publicKey.uncompressedPoint)),
+            ]
+            let (publicRV, publicHandle) = functions.createObject(session, template: publicTemplate)
+            guard publicRV == .ok else {
+                _ = functions.destroyObject(session, object: privateHandle)
+                throw HSMError(pkcs11: .createObject, publicRV, message: "cannot create the public key object", tokenLabel: label, keyID: keyID)
+            }
+            // Self-test: sign through the token, verify with the file's public key.
+            let digest = SecureRandom.bytes(32)
+            let (signRV, function, raw) = functions.signECDSA(session, key: privateHandle, digest: digest)
+            guard signRV == .ok, material.publicKey.verify(rawSignature: raw, digest: digest) else {
+                _ = functions.destroyObject(session, object: publicHandle)
+                _ = functions.destroyObject(session, object: privateHandle)
+                if signRV != .ok {
+                    throw HSMError(pkcs11: function, signRV, message: "the imported key failed its self-test signature; removed it", tokenLabel: label, keyID: keyID)
+                }
+                var error = HSMError(.verificationFailed, "the token's test signature with the imported key did not verify with the file's public key; removed it")
+                error.keyID = keyID
+                throw error
+            }
+            for handle in old {
+                let rv = functions.destroyObject(session, object: handle)
+                guard rv == .ok else {
+                    throw HSMError(pkcs11: .destroyObject, rv, message: "imported the new key but cannot remove the old objects", tokenLabel: label, keyID: keyID)
+                }
+            }
+            forgetKey(keyID)
+            options.logger.notice("key_imported", ["key.id": .string(keyID), "token.label": .string(label), "replaced": .bool(!old.isEmpty)])
+            return KeyImportResult(keyID: keyID, publicKey: material.publicKey, replaced: !old.isEmpty)
+        }
+    }
+
+    /// Removes every object (private and public key) with `keyID` as `CKA_ID` or `CKA_LABEL`.
+    ///
+    /// The corresponding PKCS#11 function is `C_DestroyObject`.
+    /// - Parameter keyID: the key ID.
+    /// - Returns: how many objects were removed.
+    /// - Throws: ``HSMError/Code/keyNotFound`` when none exist.
+    @discardableResult
+    public func deleteKey(keyID: String) throws(HSMError) -> Int {
+        let idBytes = Array(keyID.utf8)
+        let count = try withReadWriteSession { (session) throws(HSMError) -> Int in
+            let objects = Array(Set(try find(session, [Attribute(P11.id, idBytes)]) + (try find(session, [Attribute(P11.label, idBytes)]))))
+            guard !objects.isEmpty else {
+                var error = HSMError(.keyNotFound, "no objects with key ID \(keyID) on token \(label)")
+                error.keyID = keyID
+                throw error
+            }
+            for handle in objects {
+                let rv = functions.destroyObject(session, object: handle)
+                guard rv == .ok else {
+                    throw HSMError(pkcs11: .destroyObject, rv, message: "cannot delete key \(keyID)", tokenLabel: label, keyID: keyID)
+                }
+            }
+            return objects.count
+        }
+        forgetKey(keyID)
+        options.logger.notice("key_deleted", ["key.id": .string(keyID), "token.label": .string(label)])
+        return count
+    }
+}

@@ -1,0 +1,593 @@
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Settings for a ``HSMToken``.
+public struct TokenOptions: Sendable {
+    /// The most PKCS#11 sessions used at once; capped by the token's
+    /// `ulMaxSessionCount`. Default 8.
+    public var sessionPoolSize: Int = 8
+    /// How long a signer waits for a free session before giving up, in seconds. Default 2.
+    public var sessionCheckoutTimeout: Double = 2
+    /// First delay between recovery attempts while the token is down, in seconds. Default 0.2.
+    public var recoveryInitialBackoff: Double = 0.2
+    /// Longest delay between recovery attempts, in seconds. Default 5.
+    public var recoveryMaximumBackoff: Double = 5
+    /// Where events go.
+    public var logger: Logger = Logger()
+
+    /// Default options.
+    public init() {}
+}
+
+/// Where a token stands, as readiness and metrics report it.
+public enum TokenStatus: Sendable, Equatable {
+    /// Logged in and serving.
+    case up
+    /// Failed and being recovered in the background; requests fail fast.
+    /// `reason` names the `CKR_*` value or condition.
+    case down(reason: String)
+    /// The token refused the configured PIN; no login is attempted until
+    /// the PIN source is reloaded (``HSMToken/reloadPIN(from:)``).
+    case pinRejected(PKCS11ReturnValue)
+}
+
+/// A signature made by the token, with where the time went.
+public struct TokenSignature: Sendable {
+    /// Raw `r ‖ s`, 64 bytes for P-256 (`CKM_ECDSA` output).
+    public var raw: [UInt8]
+    /// Time spent waiting for a free session, in nanoseconds.
+    public var queueNanoseconds: UInt64
+    /// Time spent in `C_SignInit` + `C_Sign`, in nanoseconds (retries included).
+    public var hsmNanoseconds: UInt64
+}
+
+/// One PKCS#11 token holding App Store keys: module, slot, login, a pool of
+/// sessions and the key handles, with recovery from token faults.
+///
+/// Thread-safe: any number of threads may call ``sign(digest:keyID:)`` at
+/// once; each uses its own session from the pool.
+///
+/// Fault handling, as PKCS#11 return values demand it:
+/// - `CKR_SESSION_HANDLE_INVALID`, `CKR_SESSION_CLOSED`,
+///   `CKR_OPERATION_ACTIVE`: the session is closed and replaced, the call retried;
+/// - `CKR_OBJECT_HANDLE_INVALID`, `CKR_KEY_HANDLE_INVALID`: the key is looked up again;
+/// - `CKR_USER_NOT_LOGGED_IN`: one re-login (shared by all threads), then retry;
+/// - `CKR_PIN_INCORRECT`, `CKR_PIN_LOCKED`, `CKR_PIN_EXPIRED`: never retried;
+///   every later login is refused until the PIN is reloaded;
+/// - device and module failures (`CKR_DEVICE_REMOVED`,
+///   `CKR_TOKEN_NOT_PRESENT`, `CKR_DEVICE_ERROR`, …) and escalations that did
+///   not help: the token is marked down and one background thread
+///   reinitializes the module (`C_Finalize` + `C_Initialize`), finds the
+///   token again and logs in, with bounded jittered backoff.
+public final class HSMToken: @unchecked Sendable {
+    // Immutable after init except `state` (Mutex), `pin` (Mutex) and the
+    // pool (its own lock).
+    /// The URI the token was opened with.
+    public let uri: PKCS11URI
+    let functions: PKCS11Functions
+    let pool: SessionPool
+    let options: TokenOptions
+    private let state: Mutex<State>
+    private let pin: Mutex<SecureBytes>
+    /// Serializes logins and recovery so two threads never log in or
+    /// reinitialize the same token at once.
+    private let loginLock = Mutex(())
+    private var logger: Logger { options.logger }
+
+    struct CachedKey: Sendable {
+        var handle: UInt
+        var publicKey: ECPublicKey?
+    }
+
+    struct State: Sendable {
+        var slot: UInt
+        var label: String
+        var serial: String
+        var keys: [String: CachedKey] = [:]
+        var loginGeneration: UInt64 = 0
+        var anchorSession: UInt?
+        var status: TokenStatus = .up
+        var recovering = false
+        var downSince: UInt64 = 0
+        var closed = false
+    }
+
+    /// The token's label (`CK_TOKEN_INFO.label`).
+    public var label: String { state.withLock { $0.label } }
+    /// The token's serial number.
+    public var serial: String { state.withLock { $0.serial } }
+    /// Where the token stands.
+    public var status: TokenStatus { state.withLock { $0.status } }
+    /// Sessions leased and idle, and threads waiting for one.
+    public var sessionUsage: (inUse: Int, idle: Int, waiting: Int) { pool.usage }
+    /// The most sessions the pool opens.
+    public var sessionCapacity: Int { pool.capacity }
+
+    /// Opens the token: loads the module, finds the token the URI names,
+    /// reads the PIN and logs in.
+    /// - Parameters:
+    ///   - uri: the RFC 7512 URI (token, module, PIN source).
+    ///   - options: pool size, timeouts, logger.
+    /// - Throws: ``HSMError`` — `module_not_found`, `token_not_found`,
+    ///   `pin_source_unreadable`, `pin_source_insecure`, `pin_rejected`, or
+    ///   `pkcs11_failure` with the function and `CKR_*` value.
+    public convenience init(uri: PKCS11URI, options: TokenOptions = TokenOptions()) throws(HSMError) {
+        try self.init(uri: uri, options: options, interposer: nil)
+    }
+
+    /// As ``init(uri:options:)``, with a seam in front of the function table.
+    package init(uri: PKCS11URI, options: TokenOptions, interposer: (any PKCS11Interposer)?) throws(HSMError) {
+        self.uri = uri
+        self.options = options
+        if uri.hasPINValue {
+            options.logger.warning("pin_value_in_uri", ["hint": "use pin-source=file:/path with mode 0600 instead of pin-value"])
+        }
+        let pin = try uri.readPIN()
+        self.pin = Mutex(pin)
+        let module = try PKCS11Module.acquire(path: try uri.resolveModulePath())
+        let functions = PKCS11Functions(module: module, interposer: interposer)
+        self.functions = functions
+        let found: (UInt, TokenInfo)
+        do {
+            found = try HSMToken.findSlot(functions, uri: uri)
+        } catch {
+            module.release()
+            throw error
+        }
+        let (slot, info) = found
+        state = Mutex(State(slot: slot, label: info.label, serial: info.serial))
+        var capacity = max(1, options.sessionPoolSize)
+        if let maxSessions = info.maxSessions {
+            // Keep one for the login anchor and one for key management.
+            capacity = max(1, min(capacity, maxSessions - 2))
+        }
+        pool = SessionPool(
+            capacity: capacity,
+            slot: slot,
+            open: { functions.openSession(slot: $0, readWrite: false) },
+            close: { functions.closeSession($0) })
+        do {
+            try login(afterGeneration: nil)
+        } catch {
+            close()
+            throw error
+        }
+        logger.info("token_opened", ["token.label": .string(info.label), "token.serial": .string(info.serial), "pool.capacity": .int(Int64(capacity))])
+    }
+
+    /// Closes every session and releases the module (the last user finalizes it).
+    public func close() {
+        let anchor: UInt? = state.withLock { state in
+            guard !state.closed else { return nil }
+            state.closed = true
+            defer { state.anchorSession = nil }
+            return state.anchorSession ?? 0
+        }
+        guard let anchor else { return }
+        pool.reset(moduleReinitialized: false)
+        if anchor != 0 { functions.closeSession(anchor) }
+        functions.module.release()
+    }
+
+    deinit {
+        close()
+    }
+
+    // MARK: Slots and login
+
+    static func findSlot(_ functions: PKCS11Functions, uri: PKCS11URI) throws(HSMError) -> (UInt, TokenInfo) {
+        let (rv, slots) = functions.slotsWithToken()
+        guard rv == .ok else {
+            throw HSMError(pkcs11: .getSlotList, rv, message: "cannot list the slots of \(functions.module.path)")
+        }
+        var matches: [(UInt, TokenInfo)] = []
+        var seen: [String] = []
+        for slot in slots {
+            let (infoRV, info) = functions.tokenInfo(slot: slot)
+            guard infoRV == .ok, let info else { continue }
+            seen.append(info.label)
+            if info.matches(uri) { matches.append((slot, info)) }
+        }
+        guard matches.count == 1 else {
+            let wanted = [uri.tokenLabel.map { "token=\($0)" }, uri.tokenSerial.map { "serial=\($0)" }].compactMap { $0 }.joined(separator: " ")
+            if matches.isEmpty {
+                var error = HSMError(.tokenNotFound, "no token matches \(wanted); tokens present: \(seen.isEmpty ? "none" : seen.joined(separator: ", "))")
+                error.tokenLabel = uri.tokenLabel
+                throw error
+            }
+            throw HSMError(.tokenNotFound, "\(matches.count) tokens match \(wanted); add serial= to the URI to pick one")
+        }
+        return matches[0]
+    }
+
+    /// Logs the user in, unless another thread already did since
+    /// `generation` was observed. Uses a dedicated anchor session that keeps
+    /// the login alive while pool sessions come and go.
+    /// - Throws: ``HSMError/Code/pinRejected`` without calling `C_Login` when
+    ///   the PIN was already refused.
+    private func login(afterGeneration generation: UInt64?) throws(HSMError) {
+        try loginLock.withLock { (_) throws(HSMError) in
+            let (current, status, slot, label, oldAnchor) = state.withLock { ($0.loginGeneration, $0.status, $0.slot, $0.label, $0.anchorSession) }
+            if case .pinRejected(let rv) = status {
+                var error = HSMError(.pinRejected, "the token refused the configured PIN (\(rv)); no login is attempted until the PIN source is reloaded")
+                error.returnValue = rv
+                error.tokenLabel = label
+                throw error
+            }
+            if let generation, current != generation {
+                return  // someone logged in meanwhile
+            }
+            var anchor = oldAnchor
+            if anchor == nil {
+                let (rv, handle) = functions.openSession(slot: slot, readWrite: false)
+                guard rv == .ok else {
+                    throw HSMError(pkcs11: .openSession, rv, message: "cannot open the login session", tokenLabel: label)
+                }
+                anchor = handle
+                state.withLock { $0.anchorSession = handle }
+            }
+            var rv = pin.withLock { functions.login(anchor!, pin: $0) }  // set above
+            if PKCS11ReturnValue.sessionFailures.contains(rv) {
+                // The anchor itself died: replace it and log in once on the new one.
+                functions.closeSession(anchor!)
+                let (openRV, handle) = functions.openSession(slot: slot, readWrite: false)
+                guard openRV == .ok else {
+                    state.withLock { $0.anchorSession = nil }
+                    throw HSMError(pkcs11: .openSession, openRV, message: "cannot open the login session", tokenLabel: label)
+                }
+                state.withLock { $0.anchorSession = handle }
+                rv = pin.withLock { functions.login(handle, pin: $0) }
+            }
+            switch rv {
+            case .ok, .userAlreadyLoggedIn:
+                state.withLock { $0.loginGeneration &+= 1 }
+                logger.debug("token_login", ["token.label": .string(label)])
+            case _ where PKCS11ReturnValue.pinFailures.contains(rv):
+                state.withLock { $0.status = .pinRejected(rv) }
+                logger.critical("pin_rejected", ["token.label": .string(label), "p11.rv": .string(rv.name), "hint": "fix the PIN source and reload (SIGHUP); no further login is attempted"])
+                throw HSMError(pkcs11: .login, rv, message: "the token refused the PIN; not retrying, since tokens lock after a few wrong PINs", tokenLabel: label)
+            default:
+                throw HSMError(pkcs11: .login, rv, message: "cannot log in", tokenLabel: label)
+            }
+        }
+    }
+
+    /// Replaces the PIN (after the operator fixed the PIN source) and, if the
+    /// token had refused the old one, tries one login with the new one.
+    /// - Parameter uri: the (possibly changed) token URI; only its PIN source is used.
+    /// - Throws: the PIN source errors, or ``HSMError/Code/pinRejected`` if the new PIN is refused too.
+    public func reloadPIN(from uri: PKCS11URI) throws(HSMError) {
+        let newPIN = try uri.readPIN()
+        pin.withLock { $0 = newPIN }
+        let wasRejected: Bool = state.withLock { state in
+            if case .pinRejected = state.status {
+                state.status = .up
+                return true
+            }
+            return false
+        }
+        if wasRejected {
+            do {
+                try login(afterGeneration: nil)
+            } catch {
+                if !isPINFailure(error) { markDown(reason: error.returnValue?.name ?? error.code.rawValue) }
+                throw error
+            }
+            logger.notice("token_up", ["token.label": .string(label), "reason": "pin_reloaded"])
+        }
+    }
+
+    private func isPINFailure(_ error: HSMError) -> Bool {
+        error.code == .pinRejected
+    }
+
+    // MARK: Keys
+
+    /// The cached handle and public key of `keyID`, looked up on first use.
+    func cachedKey(_ keyID: String) throws(HSMError) -> CachedKey {
+        if let cached = state.withLock({ $0.keys[keyID] }) {
+            return cached
+        }
+        let found = try withSession { (session) throws(HSMError) -> CachedKey in
+            try lookUpKey(keyID, session: session)
+        }
+        state.withLock { $0.keys[keyID] = found }
+        return found
+    }
+
+    /// Forgets the cached handle of `keyID` (or every key).
+    func forgetKey(_ keyID: String?) {
+        state.withLock { state in
+            if let keyID { state.keys[keyID] = nil } else { state.keys.removeAll() }
+        }
+    }
+
+    /// The public key of `keyID`, read from its public key object.
+    /// - Parameter keyID: the App Store key ID (the objects' `CKA_ID`).
+    /// - Throws: ``HSMError/Code/keyNotFound``, ``HSMError/Code/keyInvalid``
+    ///   when the key has no public key object.
+    public func publicKey(keyID: String) throws(HSMError) -> ECPublicKey {
+        let key = try cachedKey(keyID)
+        guard let publicKey = key.publicKey else {
+            var error = HSMError(.keyInvalid, "key \(keyID) has no public key object on the token; re-import it with signctl keys import --replace")
+            error.keyID = keyID
+            throw error
+        }
+        return publicKey
+    }
+
+    // MARK: Sessions
+
+    /// Runs `body` with a pooled session, retrying once on a fresh session
+    /// when the session itself failed. The session goes back to the pool
+    /// unless `body` reported a session failure.
+    func withSession<R>(_ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
+        try checkUp()
+        var attempt = 0
+        while true {
+            attempt += 1
+            let lease = try checkout()
+            do {
+                let result = try body(lease.handle)
+                pool.checkin(lease)
+                return result
+            } catch {
+                if let rv = error.returnValue, PKCS11ReturnValue.sessionFailures.contains(rv) {
+                    pool.discard(lease)
+                    if attempt < 3 { continue }
+                } else if let rv = error.returnValue, PKCS11ReturnValue.tokenFailures.contains(rv) {
+                    pool.discard(lease)
+                    markDown(reason: rv.name)
+                } else if error.returnValue == .userNotLoggedIn, attempt < 3 {
+                    pool.checkin(lease)
+                    try login(afterGeneration: state.withLock { $0.loginGeneration })
+                    continue
+                } else {
+                    pool.checkin(lease)
+                }
+                throw error
+            }
+        }
+    }
+
+    private func checkout() throws(HSMError) -> SessionLease {
+        do {
+            return try pool.checkout(deadline: MonotonicClock.deadline(after: options.sessionCheckoutTimeout))
+        } catch {
+            var error = error
+            error.tokenLabel = label
+            if let rv = error.returnValue, PKCS11ReturnValue.tokenFailures.contains(rv) {
+                markDown(reason: rv.name)
+            }
+            throw error
+        }
+    }
+
+    /// Opens a read-write session outside the pool for key management.
+    func withReadWriteSession<R>(_ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
+        try checkUp()
+        let slot = state.withLock { $0.slot }
+        let (rv, session) = functions.openSession(slot: slot, readWrite: true)
+        guard rv == .ok else {
+            throw HSMError(pkcs11: .openSession, rv, message: "cannot open a read-write session", tokenLabel: label)
+        }
+        defer { functions.closeSession(session) }
+        return try body(session)
+    }
+
+    // MARK: Signing
+
+    /// Signs a digest with `CKM_ECDSA` (the hash is computed by the caller,
+    /// SHA-256 on the host; SoftHSM 2.6 has no `CKM_ECDSA_SHA256`).
+    ///
+    /// The corresponding PKCS#11 functions are `C_SignInit` and `C_Sign`.
+    /// - Parameters:
+    ///   - digest: 32 bytes (SHA-256).
+    ///   - keyID: the App Store key ID (`CKA_ID` of the private key).
+    /// - Returns: raw `r ‖ s` (64 bytes for P-256) and timings.
+    /// - Throws: ``HSMError`` — `key_not_found`, `session_unavailable`
+    ///   (pool exhausted until the checkout timeout), `token_unavailable`
+    ///   (down, with `retryAfter`), `pin_rejected`, `pkcs11_failure`.
+    public func sign(digest: [UInt8], keyID: String) throws(HSMError) -> TokenSignature {
+        try checkUp()
+        var queue: UInt64 = 0
+        var hsm: UInt64 = 0
+        var sessionRetries = 0
+        var keyRetried = false
+        var reloggedIn = false
+        while true {
+            let generation = state.withLock { $0.loginGeneration }
+            let key: CachedKey
+            do {
+                key = try cachedKey(keyID)
+            } catch {
+                var error = error
+                error.keyID = keyID
+                throw error
+            }
+            let waitStart = MonotonicClock.now()
+            let lease = try checkout()
+            let signStart = MonotonicClock.now()
+            queue += signStart - waitStart
+            let (rv, function, raw) = functions.signECDSA(lease.handle, key: key.handle, digest: digest)
+            hsm += MonotonicClock.now() - signStart
+            if rv == .ok {
+                pool.checkin(lease)
+                return TokenSignature(raw: raw, queueNanoseconds: queue, hsmNanoseconds: hsm)
+            }
+            // A failed C_SignInit on a bad key handle leaves the session
+            // clean; any other failure may leave an operation active, so
+            // the session is closed rather than reused.
+            if function == .signInit && PKCS11ReturnValue.objectFailures.contains(rv) {
+                pool.checkin(lease)
+            } else {
+                pool.discard(lease)
+            }
+            let failure = HSMError(pkcs11: function, rv, message: "cannot sign with key \(keyID)", tokenLabel: label, keyID: keyID)
+            logger.warning("sign_failed", ["key.id": .string(keyID), "p11.function": .string(function.rawValue), "p11.rv": .string(rv.name)])
+            switch rv {
+            case _ where PKCS11ReturnValue.sessionFailures.contains(rv) && sessionRetries < 2:
+                sessionRetries += 1
+            case _ where PKCS11ReturnValue.objectFailures.contains(rv) && !keyRetried:
+                keyRetried = true
+                forgetKey(keyID)
+            case .userNotLoggedIn where !reloggedIn:
+                reloggedIn = true
+                try login(afterGeneration: generation)
+            case _ where PKCS11ReturnValue.pinFailures.contains(rv):
+                throw failure
+            case _ where PKCS11ReturnValue.tokenFailures.contains(rv)
+                || PKCS11ReturnValue.sessionFailures.contains(rv)
+                || PKCS11ReturnValue.objectFailures.contains(rv)
+                || rv == .userNotLoggedIn:
+                // The fault survived the step meant for it: escalate.
+                markDown(reason: rv.name)
+                throw unavailable(reason: rv.name, underlying: failure)
+            default:
+                throw failure
+            }
+        }
+    }
+
+    /// Signs a random digest with `keyID` and verifies it with the key's
+    /// public key: the readiness check and the import self-test.
+    /// - Parameter keyID: the key to test.
+    /// - Throws: the signing errors, ``HSMError/Code/keyInvalid`` without a
+    ///   public key, ``HSMError/Code/verificationFailed``.
+    public func selfTest(keyID: String) throws(HSMError) {
+        let digest = SecureRandom.bytes(32)
+        let publicKey = try self.publicKey(keyID: keyID)
+        let signature = try sign(digest: digest, keyID: keyID)
+        guard publicKey.verify(rawSignature: signature.raw, digest: digest) else {
+            var error = HSMError(.verificationFailed, "the token's signature with key \(keyID) did not verify with its public key")
+            error.keyID = keyID
+            error.tokenLabel = label
+            throw error
+        }
+    }
+
+    // MARK: Health and recovery
+
+    private func checkUp() throws(HSMError) {
+        let status = state.withLock { $0.status }
+        switch status {
+        case .up:
+            return
+        case .down(let reason):
+            throw unavailable(reason: reason, underlying: nil)
+        case .pinRejected(let rv):
+            var error = HSMError(.pinRejected, "the token refused the configured PIN (\(rv)); fix the PIN source and reload")
+            error.returnValue = rv
+            error.tokenLabel = label
+            throw error
+        }
+    }
+
+    private func unavailable(reason: String, underlying: HSMError?) -> HSMError {
+        var error = HSMError(.tokenUnavailable, "the token \(label) is unavailable (\(reason)); recovery is running")
+        error.retryAfter = max(1, options.recoveryInitialBackoff)
+        error.tokenLabel = label
+        error.function = underlying?.function
+        error.returnValue = underlying?.returnValue
+        error.keyID = underlying?.keyID
+        return error
+    }
+
+    /// Marks the token down and starts the one recovery thread, unless one
+    /// is already running. Logs once per outage.
+    public func markDown(reason: String) {
+        let start: Bool = state.withLock { state in
+            guard !state.closed else { return false }
+            if case .pinRejected = state.status { return false }
+            if case .up = state.status {
+                state.status = .down(reason: reason)
+                state.downSince = MonotonicClock.now()
+            }
+            guard !state.recovering else { return false }
+            state.recovering = true
+            return true
+        }
+        guard start else { return }
+        logger.error("token_down", ["token.label": .string(label), "reason": .string(reason)])
+        OSThread.start { [weak self] in self?.recover() }
+    }
+
+    /// The recovery loop: reinitialize the module, find the token, log in,
+    /// look the keys up again; back off (doubling, jittered, bounded) between tries.
+    private func recover() {
+        var backoff = options.recoveryInitialBackoff
+        var attempt = 0
+        while true {
+            attempt += 1
+            let jitter = Double.random(in: 0.5...1.0)
+            usleep(useconds_t(min(backoff * jitter, options.recoveryMaximumBackoff) * 1_000_000))
+            if state.withLock({ $0.closed }) { return }
+            let outcome = rebuild()
+            switch outcome {
+            case .success:
+                let (label, since) = state.withLock { state -> (String, UInt64) in
+                    state.status = .up
+                    state.recovering = false
+                    return (state.label, state.downSince)
+                }
+                logger.notice("token_up", ["token.label": .string(label), "recovery.attempts": .int(Int64(attempt)),
+                                           "recovery.ms": .int(Int64((MonotonicClock.now() - since) / 1_000_000))])
+                return
+            case .failure(let error) where error.code == .pinRejected:
+                state.withLock { $0.recovering = false }
+                return  // status already .pinRejected; login() logged it
+            case .failure(let error):
+                logger.debug("token_recovery_attempt_failed", ["attempt": .int(Int64(attempt)), "error": .string(error.returnValue?.name ?? error.code.rawValue)])
+                backoff = min(backoff * 2, options.recoveryMaximumBackoff)
+            }
+        }
+    }
+
+    private func rebuild() -> Result<Void, HSMError> {
+        let rv = loginLock.withLock { _ in functions.module.reinitialize() }
+        guard rv == .ok || rv == .cryptokiAlreadyInitialized else {
+            return .failure(HSMError(pkcs11: .initialize, rv, message: "cannot reinitialize the module"))
+        }
+        pool.reset(moduleReinitialized: true)
+        let keyIDs: [String] = state.withLock { state in
+            state.anchorSession = nil
+            let ids = Array(state.keys.keys)
+            state.keys.removeAll()
+            return ids
+        }
+        do {
+            let (slot, info) = try HSMToken.findSlot(functions, uri: uri)
+            state.withLock { state in
+                state.slot = slot
+                state.label = info.label
+                state.serial = info.serial
+            }
+            pool.reset(moduleReinitialized: false, slot: slot)
+            try login(afterGeneration: nil)
+            // Sessions are back; look the keys up again so the first request does not pay for it.
+            for keyID in keyIDs {
+                let key = try withSessionDuringRecovery { (session) throws(HSMError) in try lookUpKey(keyID, session: session) }
+                state.withLock { $0.keys[keyID] = key }
+            }
+            return .success(())
+        } catch {
+            return .failure(error)
+        }
+    }
+
+    /// A session for recovery work, while the status is still down.
+    private func withSessionDuringRecovery<R>(_ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
+        let lease = try pool.checkout(deadline: MonotonicClock.deadline(after: options.sessionCheckoutTimeout))
+        do {
+            let result = try body(lease.handle)
+            pool.checkin(lease)
+            return result
+        } catch {
+            pool.discard(lease)
+            throw error
+        }
+    }
+}

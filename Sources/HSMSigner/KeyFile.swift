@@ -1,0 +1,137 @@
+// Reading an App Store In-App Purchase key file (.p8). OpenSSL parses the
+// PEM, PKCS#8 and SEC1 structures; this file only checks what it got and
+// moves the scalar into a wiped buffer.
+internal import CLibCrypto
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The private and public halves of an EC P-256 key read from a `.p8` file,
+/// ready to be imported into a token.
+///
+/// Accepts what Apple and other tools write: PEM PKCS#8
+/// (`-----BEGIN PRIVATE KEY-----`, the 147-byte form with the public key and
+/// the 135-byte form without it) and SEC1 (`-----BEGIN EC PRIVATE KEY-----`),
+/// with LF or CRLF line endings and trailing whitespace. The scalar lives in
+/// a ``SecureBytes`` buffer that is wiped when this object is released.
+public final class ECPrivateKeyMaterial: Sendable {
+    /// Always ``ECCurve/p256``: App Store keys are P-256 and nothing else is accepted.
+    public let curve: ECCurve
+    /// The private scalar `d`, big-endian, left-padded to 32 bytes.
+    public let scalar: SecureBytes
+    /// The public key (computed by OpenSSL when the file does not embed it).
+    public let publicKey: ECPublicKey
+
+    /// Largest key file read, in bytes; real ones are about 250.
+    public static let maximumFileSize = 64 * 1024
+
+    /// Parses PEM key text held in a secure buffer.
+    /// - Parameter pem: the file's bytes.
+    /// - Throws: ``CryptoError/Code/keyFileInvalid`` (not a PEM private key),
+    ///   ``CryptoError/Code/unsupportedKeyType`` (RSA, Ed25519, …),
+    ///   ``CryptoError/Code/unsupportedCurve`` (any curve but P-256).
+    public init(pem: SecureBytes) throws(CryptoError) {
+        ERR_clear_error()  // drop what other libraries (a PKCS#11 module's engine loading) left behind
+        let parsed: OpaquePointer? = pem.withUnsafeBytes { bytes in
+            guard let bio = BIO_new_mem_buf(bytes.baseAddress, Int32(bytes.count)) else { return nil }
+            defer { BIO_free(bio) }
+            // A password callback that declines: an encrypted key must not
+            // make OpenSSL prompt on the terminal.
+            return PEM_read_bio_PrivateKey(bio, nil, { _, _, _, _ in 0 }, nil)
+        }
+        guard let parsed else {
+            throw CryptoError(.keyFileInvalid, "not a PEM private key: expected -----BEGIN PRIVATE KEY----- (PKCS#8) or -----BEGIN EC PRIVATE KEY----- (SEC1), unencrypted")
+        }
+        let key = EVPKey(taking: parsed)
+        let type = EVP_PKEY_get_base_id(key.pointer)
+        guard type == EVP_PKEY_EC else {
+            let name = EVP_PKEY_get0_type_name(key.pointer).map { String(cString: $0) } ?? "type \(type)"
+            throw CryptoError(.unsupportedKeyType, "the key is \(name); an App Store In-App Purchase key is EC P-256")
+        }
+        guard let curve = ECPublicKey.curve(of: key.pointer), curve == .p256 else {
+            let name = ECPublicKey.curve(of: key.pointer)?.rawValue ?? "an unnamed or unsupported curve"
+            throw CryptoError(.unsupportedCurve, "the key is on \(name); an App Store In-App Purchase key is on P-256 (prime256v1)")
+        }
+        self.curve = curve
+
+        var bignum: OpaquePointer?
+        guard EVP_PKEY_get_bn_param(key.pointer, OSSL_PKEY_PARAM_PRIV_KEY, &bignum) == 1, let bignum else {
+            throw CryptoError(.keyFileInvalid, "the file holds no private scalar")
+        }
+        defer { BN_clear_free(bignum) }
+        scalar = try SecureBytes(capacity: curve.byteCount) { (buffer) throws(CryptoError) -> Int in
+            guard BN_bn2binpad(bignum, buffer.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(buffer.count)) == Int32(buffer.count) else {
+                throw CryptoError(.keyFileInvalid, "the private scalar is longer than 32 bytes")
+            }
+            return buffer.count
+        }
+
+        var point = [UInt8](repeating: 0, count: 1 + 2 * curve.byteCount)
+        var written = 0
+        guard EVP_PKEY_get_octet_string_param(key.pointer, OSSL_PKEY_PARAM_ENCODED_PUBLIC_KEY, &point, point.count, &written) == 1,
+              written == point.count else {
+            throw CryptoError(.keyFileInvalid, "cannot derive the public key from the private key")
+        }
+        publicKey = try ECPublicKey(curve: curve, uncompressedPoint: point)
+    }
+
+    /// Reads and parses a key file.
+    /// - Parameter path: the `.p8` file.
+    /// - Throws: ``CryptoError/Code/keyFileUnreadable`` plus the errors of ``init(pem:)``.
+    public convenience init(contentsOf path: String) throws(CryptoError) {
+        let pem = try ECPrivateKeyMaterial.readSecretFile(path)
+        try self.init(pem: pem)
+    }
+
+    /// Reads a whole small file into a wiped buffer, never through `String`.
+    static func readSecretFile(_ path: String) throws(CryptoError) -> SecureBytes {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            throw CryptoError(.keyFileUnreadable, "cannot open \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            throw CryptoError(.keyFileUnreadable, "\(path) is not a regular file")
+        }
+        guard Int(info.st_size) <= maximumFileSize else {
+            throw CryptoError(.keyFileUnreadable, "\(path) is \(info.st_size) bytes; a key file is under \(maximumFileSize)")
+        }
+        return try SecureBytes(capacity: Int(info.st_size)) { (buffer) throws(CryptoError) -> Int in
+                var total = 0
+                while total < buffer.count {
+                    let n = read(fd, buffer.baseAddress! + total, buffer.count - total)  // capacity ≥ 1: non-nil
+                    if n < 0 {
+                        if errno == EINTR { continue }
+                        throw CryptoError(.keyFileUnreadable, "cannot read \(path): \(String(cString: strerror(errno)))")
+                    }
+                    if n == 0 { break }
+                    total += n
+                }
+                return total
+        }
+    }
+
+    /// The key ID in an Apple key file name: `AuthKey_<KEYID>.p8` or
+    /// `SubscriptionKey_<KEYID>.p8`, the ID being 10 characters `A-Z0-9`.
+    /// - Parameter path: a path or file name.
+    /// - Returns: the key ID, or nil when the name does not follow Apple's pattern.
+    public static func keyID(fromFileName path: String) -> String? {
+        let name = path.split(separator: "/").last.map(String.init) ?? path
+        for prefix in ["AuthKey_", "SubscriptionKey_"] where name.hasPrefix(prefix) && name.hasSuffix(".p8") {
+            let id = String(name.dropFirst(prefix.count).dropLast(3))
+            if KeyID.isValid(id) { return id }
+        }
+        return nil
+    }
+}
+
+/// Rules for App Store key IDs.
+public enum KeyID {
+    /// Whether `id` is 10 characters `A-Z0-9`, as App Store Connect issues them.
+    /// - Parameter id: a candidate key ID.
+    public static func isValid(_ id: some StringProtocol) -> Bool {
+        id.utf8.count == 10 && id.utf8.allSatisfy { ($0 >= 0x41 && $0 <= 0x5a) || ($0 >= 0x30 && $0 <= 0x39) }
+    }
+}

@@ -1,0 +1,494 @@
+// The PKCS#11 C surface: module loading through p11-kit, and every call into
+// the function table, behind a seam (`PKCS11Interposer`) that tests use to
+// inject CKR_* values. The only Swift file besides PKCS11URI.swift and
+// HSMToken+Objects.swift that imports CPKCS11; no CK_* type leaves the module.
+internal import CPKCS11
+internal import CLibCrypto
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The PKCS#11 functions signerd calls, named as the standard names them.
+package enum PKCS11Function: String, Sendable, CaseIterable {
+    case initialize = "C_Initialize"
+    case finalize = "C_Finalize"
+    case getSlotList = "C_GetSlotList"
+    case getTokenInfo = "C_GetTokenInfo"
+    case openSession = "C_OpenSession"
+    case closeSession = "C_CloseSession"
+    case login = "C_Login"
+    case createObject = "C_CreateObject"
+    case destroyObject = "C_DestroyObject"
+    case getAttributeValue = "C_GetAttributeValue"
+    case findObjectsInit = "C_FindObjectsInit"
+    case findObjects = "C_FindObjects"
+    case findObjectsFinal = "C_FindObjectsFinal"
+    case signInit = "C_SignInit"
+    case sign = "C_Sign"
+    case initToken = "C_InitToken"
+    case initPIN = "C_InitPIN"
+    case logout = "C_Logout"
+}
+
+/// The seam in front of the function table. Before each call signerd asks
+/// the interposer; a non-nil answer is returned as if the module had
+/// returned it, and the module is not called. An interposer may also block
+/// (a hanging module) or count calls.
+///
+/// The production path has no interposer. Tests put one in front of a real
+/// SoftHSM module, as swift-system mocks syscalls.
+package protocol PKCS11Interposer: AnyObject, Sendable {
+    /// Decides whether `function` reaches the module.
+    /// - Parameters:
+    ///   - function: the PKCS#11 function about to be called.
+    ///   - session: the session handle it is called with (0 when none).
+    /// - Returns: nil to call the module, or the `CK_RV` to return instead.
+    func intercept(_ function: PKCS11Function, session: UInt) -> PKCS11ReturnValue?
+}
+
+/// One loaded PKCS#11 module (a shared library and its function list),
+/// initialized with `CKF_OS_LOCKING_OK`. Modules are shared per path in the
+/// process: a library has one global state, so a second `C_Initialize`
+/// would fail with `CKR_CRYPTOKI_ALREADY_INITIALIZED`.
+final class PKCS11Module: @unchecked Sendable {
+    // `list` is set once at load; the module's C state is protected by the
+    // module itself (CKF_OS_LOCKING_OK). `initialized` is under `lock`.
+    let list: UnsafeMutablePointer<CK_FUNCTION_LIST>
+    /// The library path p11-kit loaded.
+    let path: String
+    private let lock = Mutex<(users: Int, initialized: Bool)>((0, false))
+
+    private static let registry = Mutex<[String: PKCS11Module]>([:])
+
+    private init(list: UnsafeMutablePointer<CK_FUNCTION_LIST>, path: String) {
+        self.list = list
+        self.path = path
+    }
+
+    deinit {
+        p11_kit_module_release(list)
+    }
+
+    /// Loads (or reuses) the module at `path` with p11-kit, unmanaged, and
+    /// initializes it once.
+    /// - Parameter path: an absolute path to a PKCS#11 shared library.
+    /// - Throws: ``HSMError/Code/moduleNotFound``, or a `C_Initialize` failure.
+    static func acquire(path: String) throws(HSMError) -> PKCS11Module {
+        let module: PKCS11Module = try registry.withLock { (modules) throws(HSMError) -> PKCS11Module in
+            if let existing = modules[path] { return existing }
+            guard let list = p11_kit_module_load(path, Int32(P11_KIT_MODULE_UNMANAGED | P11_KIT_MODULE_CRITICAL)) else {
+                throw HSMError(.moduleNotFound, "p11-kit could not load the PKCS#11 module \(path) (missing file, wrong architecture or unresolved symbols)")
+            }
+            let module = PKCS11Module(list: list, path: path)
+            modules[path] = module
+            return module
+        }
+        try module.retain()
+        return module
+    }
+
+    /// Resolves a p11-kit registered module name (`module-name=softhsm2`)
+    /// to its library path, through p11-kit's configuration.
+    /// - Parameter name: the module's name in p11-kit's config (`/usr/share/p11-kit/modules/*.module`).
+    /// - Returns: the library path.
+    /// - Throws: ``HSMError/Code/moduleNotFound``.
+    static func path(forRegisteredName name: String) throws(HSMError) -> String {
+        guard let modules = p11_kit_modules_load(nil, Int32(P11_KIT_MODULE_UNMANAGED)) else {
+            throw HSMError(.moduleNotFound, "p11-kit could not load its registered modules")
+        }
+        defer { p11_kit_modules_release(modules) }
+        guard let module = p11_kit_module_for_name(modules, name),
+              let filename = p11_kit_module_get_filename(module) else {
+            throw HSMError(.moduleNotFound, "no PKCS#11 module named \(name) is registered with p11-kit (see `p11-kit list-modules`)")
+        }
+        defer { free(filename) }
+        return String(cString: filename)
+    }
+
+    private func retain() throws(HSMError) {
+        try lock.withLock { (state) throws(HSMError) in
+            if !state.initialized {
+                let rv = PKCS11Module.initialize(list)
+                guard rv == .ok || rv == .cryptokiAlreadyInitialized else {
+                    throw HSMError(pkcs11: .initialize, rv, message: "cannot initialize \(path)")
+                }
+                state.initialized = true
+            }
+            state.users += 1
+        }
+    }
+
+    /// Drops one user; the last one finalizes the module.
+    func release() {
+        let finalize = lock.withLock { state -> Bool in
+            state.users -= 1
+            if state.users == 0 && state.initialized {
+                state.initialized = false
+                return true
+            }
+            return false
+        }
+        if finalize {
+            _ = list.pointee.C_Finalize(nil)
+        }
+    }
+
+    /// `C_Finalize` then `C_Initialize`: every session and login of the
+    /// process on this module is gone afterwards. Used by token recovery.
+    /// - Returns: the `C_Initialize` result.
+    func reinitialize() -> PKCS11ReturnValue {
+        lock.withLock { state in
+            _ = list.pointee.C_Finalize(nil)
+            let rv = PKCS11Module.initialize(list)
+            state.initialized = rv == .ok || rv == .cryptokiAlreadyInitialized
+            return rv
+        }
+    }
+
+    private static func initialize(_ list: UnsafeMutablePointer<CK_FUNCTION_LIST>) -> PKCS11ReturnValue {
+        var arguments = CK_C_INITIALIZE_ARGS()
+        arguments.flags = CK_FLAGS(CKF_OS_LOCKING_OK)
+        return withUnsafeMutablePointer(to: &arguments) { pointer in
+            PKCS11ReturnValue(rawValue: list.pointee.C_Initialize(pointer))
+        }
+    }
+}
+
+/// Calls into one module's function table, each through the seam.
+///
+/// Every method returns the `CK_RV` (never throws), so the caller decides
+/// what each value means; ``HSMError`` is made where the decision is taken.
+struct PKCS11Functions: @unchecked Sendable {
+    // The module is shared and thread-safe (CKF_OS_LOCKING_OK); the
+    // interposer is Sendable.
+    let module: PKCS11Module
+    let interposer: (any PKCS11Interposer)?
+
+    private var list: UnsafeMutablePointer<CK_FUNCTION_LIST> { module.list }
+
+    @inline(__always)
+    private func intercepted(_ function: PKCS11Function, _ session: UInt) -> PKCS11ReturnValue? {
+        guard let interposer else { return nil }
+        return interposer.intercept(function, session: session)
+    }
+
+    /// `C_GetSlotList(CK_TRUE, …)`: slots with a token present.
+    func slotsWithToken() -> (PKCS11ReturnValue, [UInt]) {
+        if let rv = intercepted(.getSlotList, 0) { return (rv, []) }
+        for _ in 0..<4 {
+            var count: UInt = 0
+            var rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetSlotList(CK_BBOOL(CK_TRUE), nil, &count))
+            guard rv == .ok else { return (rv, []) }
+            var slots = [UInt](repeating: 0, count: Int(count))
+            rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetSlotList(CK_BBOOL(CK_TRUE), &slots, &count))
+            if rv == .bufferTooSmall { continue }  // a token appeared in between
+            return (rv, Array(slots.prefix(Int(count))))
+        }
+        return (.bufferTooSmall, [])
+    }
+
+    /// `C_GetTokenInfo`.
+    func tokenInfo(slot: UInt) -> (PKCS11ReturnValue, TokenInfo?) {
+        if let rv = intercepted(.getTokenInfo, 0) { return (rv, nil) }
+        var info = CK_TOKEN_INFO()
+        let rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetTokenInfo(CK_SLOT_ID(slot), &info))
+        guard rv == .ok else { return (rv, nil) }
+        return (rv, TokenInfo(info))
+    }
+
+    /// `C_OpenSession(slot, CKF_SERIAL_SESSION [| CKF_RW_SESSION])`.
+    func openSession(slot: UInt, readWrite: Bool) -> (PKCS11ReturnValue, UInt) {
+        if let rv = intercepted(.openSession, 0) { return (rv, 0) }
+        var session: CK_SESSION_HANDLE = 0
+        let flags = CK_FLAGS(CKF_SERIAL_SESSION) | (readWrite ? CK_FLAGS(CKF_RW_SESSION) : 0)
+        let rv = PKCS11ReturnValue(rawValue: list.pointee.C_OpenSession(CK_SLOT_ID(slot), flags, nil, nil, &session))
+        return (rv, UInt(session))
+    }
+
+    /// `C_CloseSession`.
+    @discardableResult
+    func closeSession(_ session: UInt) -> PKCS11ReturnValue {
+        if let rv = intercepted(.closeSession, session) { return rv }
+        return PKCS11ReturnValue(rawValue: list.pointee.C_CloseSession(CK_SESSION_HANDLE(session)))
+    }
+
+    /// `C_Login(session, CKU_USER, pin)`.
+    func login(_ session: UInt, pin: SecureBytes) -> PKCS11ReturnValue {
+        if let rv = intercepted(.login, session) { return rv }
+        return pin.withUnsafeBytes { bytes in
+            PKCS11ReturnValue(rawValue: list.pointee.C_Login(
+                CK_SESSION_HANDLE(session), CK_USER_TYPE(CKU_USER),
+                UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
+                CK_ULONG(bytes.count)))
+        }
+    }
+
+    /// `C_Login(session, CKU_SO, soPIN)`.
+    func loginSecurityOfficer(_ session: UInt, pin: SecureBytes) -> PKCS11ReturnValue {
+        if let rv = intercepted(.login, session) { return rv }
+        return pin.withUnsafeBytes { bytes in
+            PKCS11ReturnValue(rawValue: list.pointee.C_Login(
+                CK_SESSION_HANDLE(session), CK_USER_TYPE(CKU_SO),
+                UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
+                CK_ULONG(bytes.count)))
+        }
+    }
+
+    /// `C_Logout`.
+    @discardableResult
+    func logout(_ session: UInt) -> PKCS11ReturnValue {
+        if let rv = intercepted(.logout, session) { return rv }
+        return PKCS11ReturnValue(rawValue: list.pointee.C_Logout(CK_SESSION_HANDLE(session)))
+    }
+
+    /// `C_InitToken(slot, soPIN, label)`; the label is blank-padded to 32 bytes.
+    func initToken(slot: UInt, soPIN: SecureBytes, label: String) -> PKCS11ReturnValue {
+        if let rv = intercepted(.initToken, 0) { return rv }
+        var padded = [UInt8](repeating: 0x20, count: 32)
+        for (index, byte) in label.utf8.prefix(32).enumerated() { padded[index] = byte }
+        return soPIN.withUnsafeBytes { bytes in
+            PKCS11ReturnValue(rawValue: list.pointee.C_InitToken(
+                CK_SLOT_ID(slot),
+                UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
+                CK_ULONG(bytes.count), &padded))
+        }
+    }
+
+    /// `C_InitPIN(session, userPIN)` (the session is logged in as SO).
+    func initPIN(_ session: UInt, pin: SecureBytes) -> PKCS11ReturnValue {
+        if let rv = intercepted(.initPIN, session) { return rv }
+        return pin.withUnsafeBytes { bytes in
+            PKCS11ReturnValue(rawValue: list.pointee.C_InitPIN(
+                CK_SESSION_HANDLE(session),
+                UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
+                CK_ULONG(bytes.count)))
+        }
+    }
+
+    /// `C_SignInit(session, CKM_ECDSA, key)` then `C_Sign` over `digest`.
+    /// - Returns: the first failing `CK_RV` and which function returned it,
+    ///   or `.ok` and the raw `r ‖ s` signature.
+    func signECDSA(_ session: UInt, key: UInt, digest: [UInt8]) -> (PKCS11ReturnValue, PKCS11Function, [UInt8]) {
+        var rv: PKCS11ReturnValue
+        if let injected = intercepted(.signInit, session) {
+            rv = injected
+        } else {
+            var mechanism = CK_MECHANISM(mechanism: CK_MECHANISM_TYPE(CKM_ECDSA), pParameter: nil, ulParameterLen: 0)
+            rv = PKCS11ReturnValue(rawValue: list.pointee.C_SignInit(CK_SESSION_HANDLE(session), &mechanism, CK_OBJECT_HANDLE(key)))
+        }
+        guard rv == .ok else { return (rv, .signInit, []) }
+        if let injected = intercepted(.sign, session) {
+            return (injected, .sign, [])
+        }
+        // 2 × 66 bytes: enough for any curve up to P-521.
+        var signature = [UInt8](repeating: 0, count: 132)
+        var length = CK_ULONG(signature.count)
+        var input = digest
+        rv = PKCS11ReturnValue(rawValue: list.pointee.C_Sign(CK_SESSION_HANDLE(session), &input, CK_ULONG(input.count), &signature, &length))
+        guard rv == .ok else { return (rv, .sign, []) }
+        return (rv, .sign, Array(signature.prefix(Int(length))))
+    }
+
+    /// `C_FindObjectsInit`, `C_FindObjects` (in batches), `C_FindObjectsFinal`.
+    func findObjects(_ session: UInt, template: [Attribute]) -> (PKCS11ReturnValue, PKCS11Function, [UInt]) {
+        if let rv = intercepted(.findObjectsInit, session) { return (rv, .findObjectsInit, []) }
+        var rv = Attribute.withCTemplate(template) { pointer, count in
+            PKCS11ReturnValue(rawValue: list.pointee.C_FindObjectsInit(CK_SESSION_HANDLE(session), pointer, CK_ULONG(count)))
+        }
+        guard rv == .ok else { return (rv, .findObjectsInit, []) }
+        var found: [UInt] = []
+        var failure: (PKCS11ReturnValue, PKCS11Function)?
+        while true {
+            if let injected = intercepted(.findObjects, session) {
+                failure = (injected, .findObjects)
+                break
+            }
+            var batch = [CK_OBJECT_HANDLE](repeating: 0, count: 32)
+            var count: CK_ULONG = 0
+            rv = PKCS11ReturnValue(rawValue: list.pointee.C_FindObjects(CK_SESSION_HANDLE(session), &batch, CK_ULONG(batch.count), &count))
+            if rv != .ok {
+                failure = (rv, .findObjects)
+                break
+            }
+            found.append(contentsOf: batch.prefix(Int(count)).map { UInt($0) })
+            if count < batch.count || found.count > 10_000 { break }
+        }
+        let finalRV = intercepted(.findObjectsFinal, session)
+            ?? PKCS11ReturnValue(rawValue: list.pointee.C_FindObjectsFinal(CK_SESSION_HANDLE(session)))
+        if let failure { return (failure.0, failure.1, []) }
+        if finalRV != .ok { return (finalRV, .findObjectsFinal, []) }
+        return (.ok, .findObjects, found)
+    }
+
+    /// `C_GetAttributeValue` for one attribute, sized by a first call.
+    /// - Returns: `.ok` and the bytes; `CKR_ATTRIBUTE_SENSITIVE` (or another
+    ///   failure) and nil. A length of `CK_UNAVAILABLE_INFORMATION` maps to
+    ///   `CKR_ATTRIBUTE_SENSITIVE`.
+    func attribute(_ session: UInt, object: UInt, type: UInt) -> (PKCS11ReturnValue, [UInt8]?) {
+        if let rv = intercepted(.getAttributeValue, session) { return (rv, nil) }
+        var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: nil, ulValueLen: 0)
+        var rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
+        guard rv == .ok else { return (rv, nil) }
+        if query.ulValueLen == CK_ULONG.max { return (.attributeSensitive, nil) }
+        var value = [UInt8](repeating: 0, count: Int(query.ulValueLen))
+        rv = value.withUnsafeMutableBytes { buffer in
+            query.pValue = buffer.baseAddress
+            return PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
+        }
+        guard rv == .ok else { return (rv, nil) }
+        return (rv, Array(value.prefix(Int(query.ulValueLen))))
+    }
+
+    /// `C_CreateObject`.
+    func createObject(_ session: UInt, template: [Attribute]) -> (PKCS11ReturnValue, UInt) {
+        if let rv = intercepted(.createObject, session) { return (rv, 0) }
+        var handle: CK_OBJECT_HANDLE = 0
+        let rv = Attribute.withCTemplate(template) { pointer, count in
+            PKCS11ReturnValue(rawValue: list.pointee.C_CreateObject(CK_SESSION_HANDLE(session), pointer, CK_ULONG(count), &handle))
+        }
+        return (rv, UInt(handle))
+    }
+
+    /// `C_DestroyObject`.
+    func destroyObject(_ session: UInt, object: UInt) -> PKCS11ReturnValue {
+        if let rv = intercepted(.destroyObject, session) { return rv }
+        return PKCS11ReturnValue(rawValue: list.pointee.C_DestroyObject(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object)))
+    }
+}
+
+/// What `C_GetTokenInfo` says of a token, blank padding removed.
+struct TokenInfo: Sendable {
+    var label: String
+    var manufacturer: String
+    var model: String
+    var serial: String
+    /// `ulMaxSessionCount`; nil when unlimited or unavailable.
+    var maxSessions: Int?
+    var flags: UInt
+    /// The raw structure, for p11-kit URI matching.
+    fileprivate var raw: CK_TOKEN_INFO
+
+    fileprivate init(_ info: CK_TOKEN_INFO) {
+        raw = info
+        label = TokenInfo.text(info.label)
+        manufacturer = TokenInfo.text(info.manufacturerID)
+        model = TokenInfo.text(info.model)
+        serial = TokenInfo.text(info.serialNumber)
+        let max = UInt(info.ulMaxSessionCount)
+        maxSessions = (max == 0 || max == UInt.max) ? nil : Int(max)
+        flags = UInt(info.flags)
+    }
+
+    private static func text<T>(_ tuple: T) -> String {
+        withUnsafeBytes(of: tuple) { bytes in
+            var end = bytes.count
+            while end > 0 && (bytes[end - 1] == 0x20 || bytes[end - 1] == 0) { end -= 1 }
+            return String(decoding: bytes.prefix(end), as: UTF8.self)
+        }
+    }
+
+    /// Whether the token matches the token part of `uri` (`p11_kit_uri_match_token_info`).
+    func matches(_ uri: PKCS11URI) -> Bool {
+        var copy = raw
+        return uri.matchTokenInfo(&copy)
+    }
+}
+
+/// A PKCS#11 attribute for templates: a type and its value, plain bytes or
+/// a secret (the private scalar) that is only ever copied into wiped memory.
+struct Attribute: Sendable {
+    enum Value: Sendable {
+        case bytes([UInt8])
+        case secret(SecureBytes)
+    }
+
+    var type: UInt
+    var value: Value
+
+    init(_ type: UInt, _ value: [UInt8]) {
+        self.type = type
+        self.value = .bytes(value)
+    }
+
+    init(_ type: UInt, secret: SecureBytes) {
+        self.type = type
+        self.value = .secret(secret)
+    }
+
+    init(_ type: UInt, bool: Bool) {
+        self.init(type, [bool ? UInt8(CK_TRUE) : UInt8(CK_FALSE)])
+    }
+
+    init(_ type: UInt, ulong: UInt) {
+        self.init(type, withUnsafeBytes(of: CK_ULONG(ulong)) { Array($0) })
+    }
+
+    private func copy(into buffer: UnsafeMutableRawBufferPointer) {
+        switch value {
+        case .bytes(let bytes): bytes.withUnsafeBytes { buffer.copyMemory(from: $0) }
+        case .secret(let secret): secret.withUnsafeBytes { buffer.copyMemory(from: $0) }
+        }
+    }
+
+    private var count: Int {
+        switch value {
+        case .bytes(let bytes): bytes.count
+        case .secret(let secret): secret.count
+        }
+    }
+
+    /// Lends the attributes as a `CK_ATTRIBUTE` array for one call; the
+    /// value copies are wiped and freed when `body` returns.
+    static func withCTemplate<R>(_ template: [Attribute], _ body: (UnsafeMutablePointer<CK_ATTRIBUTE>?, Int) -> R) -> R {
+        let storage = template.map { attribute -> UnsafeMutableRawBufferPointer in
+            let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: max(attribute.count, 1), alignment: 8)
+            attribute.copy(into: buffer)
+            return buffer
+        }
+        defer {
+            for buffer in storage {
+                OPENSSL_cleanse(buffer.baseAddress, buffer.count)
+                buffer.deallocate()
+            }
+        }
+        var attributes = zip(template, storage).map { attribute, buffer in
+            CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(attribute.type), pValue: buffer.baseAddress, ulValueLen: CK_ULONG(attribute.count))
+        }
+        return attributes.withUnsafeMutableBufferPointer { buffer in
+            body(buffer.baseAddress, buffer.count)
+        }
+    }
+}
+
+/// PKCS#11 constants the rest of HSMSigner needs, without importing CPKCS11.
+enum P11 {
+    static let classAttribute = UInt(CKA_CLASS)
+    static let keyType = UInt(CKA_KEY_TYPE)
+    static let token = UInt(CKA_TOKEN)
+    static let `private` = UInt(CKA_PRIVATE)
+    static let label = UInt(CKA_LABEL)
+    static let id = UInt(CKA_ID)
+    static let sensitive = UInt(CKA_SENSITIVE)
+    static let extractable = UInt(CKA_EXTRACTABLE)
+    static let sign = UInt(CKA_SIGN)
+    static let verify = UInt(CKA_VERIFY)
+    static let signRecover = UInt(CKA_SIGN_RECOVER)
+    static let decrypt = UInt(CKA_DECRYPT)
+    static let encrypt = UInt(CKA_ENCRYPT)
+    static let unwrap = UInt(CKA_UNWRAP)
+    static let wrap = UInt(CKA_WRAP)
+    static let derive = UInt(CKA_DERIVE)
+    static let verifyRecover = UInt(CKA_VERIFY_RECOVER)
+    static let modifiable = UInt(CKA_MODIFIABLE)
+    static let value = UInt(CKA_VALUE)
+    static let ecParams = UInt(CKA_EC_PARAMS)
+    static let ecPoint = UInt(CKA_EC_POINT)
+    static let privateKeyClass = UInt(CKO_PRIVATE_KEY)
+    static let publicKeyClass = UInt(CKO_PUBLIC_KEY)
+    static let ecKeyType = UInt(CKK_EC)
+    static let writeProtected = UInt(CKF_WRITE_PROTECTED)
+    static let tokenInitialized = UInt(CKF_TOKEN_INITIALIZED)
+    static let userPINInitialized = UInt(CKF_USER_PIN_INITIALIZED)
+}

@@ -1,0 +1,175 @@
+// The token's location as one RFC 7512 PKCS#11 URI, parsed by p11-kit.
+internal import CPKCS11
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where the key lives: an RFC 7512 PKCS#11 URI such as
+/// `pkcs11:token=signer?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/etc/signerd/pin`.
+///
+/// p11-kit parses it (`p11_kit_uri_parse`). signerd uses:
+/// - the token attributes (`token`, `serial`, `manufacturer`, `model`) to pick
+///   the token, matched by `p11_kit_uri_match_token_info`; at least `token`
+///   or `serial` is required, and `slot-id` is refused because slot IDs
+///   change (SoftHSM renumbers them);
+/// - `module-path`, or `module-name` resolved through p11-kit's registered
+///   modules;
+/// - `pin-source=file:/path` (preferred) or `pin-value` (works, logs a warning).
+public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
+    // The P11KitUri is only read after init (matching copies the token info);
+    // p11-kit's getters do not mutate it.
+    private let uri: OpaquePointer
+    /// The URI as given, with any `pin-value` replaced by `***`: safe to log.
+    public let redacted: String
+    /// The `token` attribute (the token label), if given.
+    public let tokenLabel: String?
+    /// The `serial` attribute, if given.
+    public let tokenSerial: String?
+    /// `module-path`, if given.
+    public let modulePath: String?
+    /// `module-name`, if given.
+    public let moduleName: String?
+    /// `pin-source`, if given.
+    public let pinSource: String?
+    /// Whether the URI carries the PIN itself (`pin-value`).
+    public let hasPINValue: Bool
+
+    /// Parses `text`.
+    /// - Parameter text: a `pkcs11:` URI.
+    /// - Throws: ``HSMError/Code/invalidURI`` naming what is wrong (p11-kit's
+    ///   parse message, an unknown attribute, a `slot-id`, no token
+    ///   selector, no module).
+    public init(_ text: String) throws(HSMError) {
+        redacted = PKCS11URI.redact(text)
+        guard let uri = p11_kit_uri_new() else {
+            throw HSMError(.invalidURI, "p11_kit_uri_new failed")
+        }
+        self.uri = uri
+        let result = p11_kit_uri_parse(text, P11_KIT_URI_FOR_ANY, uri)
+        guard result == P11_KIT_URI_OK.rawValue else {
+            let reason = p11_kit_uri_message(result).map { String(cString: $0) } ?? "code \(result)"
+            throw HSMError(.invalidURI, "token_uri \(redacted) is not a valid PKCS#11 URI (RFC 7512): \(reason)")
+        }
+        guard p11_kit_uri_any_unrecognized(uri) == 0 else {
+            throw HSMError(.invalidURI, "token_uri \(redacted) has an attribute p11-kit does not recognize")
+        }
+        guard p11_kit_uri_get_slot_id(uri) == CK_SLOT_ID(bitPattern: -1) else {
+            throw HSMError(.invalidURI, "token_uri selects a slot-id; select the token by token= (label) or serial= instead, because slot IDs change")
+        }
+        let info = p11_kit_uri_get_token_info(uri)!  // never nil: points into the URI
+        let label = PKCS11URI.field(info.pointee.label)
+        let serial = PKCS11URI.field(info.pointee.serialNumber)
+        tokenLabel = label
+        tokenSerial = serial
+        guard label != nil || serial != nil else {
+            throw HSMError(.invalidURI, "token_uri must select the token by token= (label) and/or serial=")
+        }
+        modulePath = p11_kit_uri_get_module_path(uri).map { String(cString: $0) }
+        moduleName = p11_kit_uri_get_module_name(uri).map { String(cString: $0) }
+        guard modulePath != nil || moduleName != nil else {
+            throw HSMError(.invalidURI, "token_uri must name the PKCS#11 module: add ?module-path=/path/to/module.so or ?module-name=<p11-kit module name>")
+        }
+        pinSource = p11_kit_uri_get_pin_source(uri).map { String(cString: $0) }
+        hasPINValue = p11_kit_uri_get_pin_value(uri) != nil
+        guard pinSource != nil || hasPINValue else {
+            throw HSMError(.invalidURI, "token_uri must say where the PIN is: add pin-source=file:/path/to/pin")
+        }
+    }
+
+    deinit {
+        p11_kit_uri_free(uri)
+    }
+
+    public var description: String { redacted }
+
+    /// The library to load: `module-path`, else `module-name` resolved by p11-kit.
+    /// - Throws: ``HSMError/Code/moduleNotFound``.
+    public func resolveModulePath() throws(HSMError) -> String {
+        if let modulePath { return modulePath }
+        return try PKCS11Module.path(forRegisteredName: moduleName ?? "")
+    }
+
+    func matchTokenInfo(_ info: UnsafeMutablePointer<CK_TOKEN_INFO>) -> Bool {
+        p11_kit_uri_match_token_info(uri, info) == 1
+    }
+
+    /// Reads the PIN: from `pin-value`, or from the `pin-source` file
+    /// (`file:` URI or absolute path; one trailing newline, LF or CRLF, removed).
+    /// - Returns: the PIN in a wiped buffer.
+    /// - Throws: ``HSMError/Code/pinSourceUnreadable``;
+    ///   ``HSMError/Code/pinSourceInsecure`` when the file is readable or
+    ///   writable by other users.
+    public func readPIN() throws(HSMError) -> SecureBytes {
+        if let value = p11_kit_uri_get_pin_value(uri) {
+            return SecureBytes(copying: UnsafeRawBufferPointer(start: value, count: strlen(value)))
+        }
+        guard let source = pinSource else {
+            throw HSMError(.pinSourceUnreadable, "token_uri has no pin-source")
+        }
+        var path = source
+        if path.hasPrefix("file://") {
+            path = String(path.dropFirst(7))
+        } else if path.hasPrefix("file:") {
+            path = String(path.dropFirst(5))
+        }
+        guard path.hasPrefix("/") else {
+            throw HSMError(.pinSourceUnreadable, "pin-source \(source) must be file:/absolute/path")
+        }
+        return try PKCS11URI.readPINFile(path)
+    }
+
+    static func readPINFile(_ path: String) throws(HSMError) -> SecureBytes {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard fd >= 0 else {
+            throw HSMError(.pinSourceUnreadable, "cannot open the PIN file \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is not a regular file")
+        }
+        guard info.st_mode & (S_IROTH | S_IWOTH) == 0 else {
+            throw HSMError(.pinSourceInsecure, "the PIN file \(path) is readable or writable by other users (mode \(String(info.st_mode & 0o777, radix: 8))); run chmod 0600 (or 0640 with the daemon's group) on it")
+        }
+        let maximum = 256
+        let pin = SecureBytes(capacity: maximum) { buffer in
+            var total = 0
+            while total < buffer.count {
+                let n = read(fd, buffer.baseAddress! + total, buffer.count - total)  // capacity 256: non-nil
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { break }
+                total += n
+            }
+            if total > 0 && buffer[total - 1] == 0x0a { total -= 1 }
+            if total > 0 && buffer[total - 1] == 0x0d { total -= 1 }
+            return total
+        }
+        guard pin.count > 0 else {
+            throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is empty")
+        }
+        guard pin.count < maximum else {
+            throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is longer than \(maximum - 1) bytes")
+        }
+        return pin
+    }
+
+    private static func field<T>(_ tuple: T) -> String? {
+        withUnsafeBytes(of: tuple) { bytes in
+            if bytes.allSatisfy({ $0 == 0 }) { return nil }
+            var end = bytes.count
+            while end > 0 && (bytes[end - 1] == 0x20 || bytes[end - 1] == 0) { end -= 1 }
+            return String(decoding: bytes.prefix(end), as: UTF8.self)
+        }
+    }
+
+    private static func redact(_ text: String) -> String {
+        guard let query = text.firstIndex(of: "?") else {
+            return text
+        }
+        let parts = text[text.index(after: query)...].split(separator: "&", omittingEmptySubsequences: false).map { part in
+            part.hasPrefix("pin-value=") ? "pin-value=***" : String(part)
+        }
+        return String(text[..<query]) + "?" + parts.joined(separator: "&")
+    }
+}

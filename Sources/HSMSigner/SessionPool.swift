@@ -1,0 +1,173 @@
+import Synchronization
+
+/// One session checked out of a ``SessionPool``. Only the thread holding the
+/// lease uses the session; it gives it back exactly once with
+/// ``SessionPool/checkin(_:)`` or ``SessionPool/discard(_:)``.
+final class SessionLease: Sendable {
+    /// The `CK_SESSION_HANDLE`.
+    let handle: UInt
+    /// The pool generation the session belongs to; older ones are closed on return.
+    let generation: UInt64
+    /// The module epoch (bumped by `C_Finalize`/`C_Initialize`); sessions of
+    /// an older epoch no longer exist and must not be closed, since their
+    /// handle numbers may have been reused.
+    let epoch: UInt64
+    /// Set when the session was written off while still in use (a hung
+    /// call): its slot in the pool was already freed.
+    let quarantined = Atomic<Bool>(false)
+
+    init(handle: UInt, generation: UInt64, epoch: UInt64) {
+        self.handle = handle
+        self.generation = generation
+        self.epoch = epoch
+    }
+}
+
+/// A bounded pool of PKCS#11 sessions on one token.
+///
+/// PKCS#11 sessions are not for concurrent use, so each is leased to one
+/// thread at a time. ``checkout(deadline:)`` reuses an idle session, opens a
+/// new one while fewer than ``capacity`` exist, and otherwise waits for a
+/// return until the deadline instead of failing at once.
+final class SessionPool: @unchecked Sendable {
+    // All mutable fields are guarded by `lock`.
+    private let lock = ConditionLock()
+    private var idle: [UInt] = []
+    private var counted = 0
+    private var waiting = 0
+    private var generation: UInt64 = 0
+    private var epoch: UInt64 = 0
+    /// The most sessions open at once (counting leased ones).
+    let capacity: Int
+    private var slot: UInt
+    private let open: @Sendable (UInt) -> (PKCS11ReturnValue, UInt)
+    private let close: @Sendable (UInt) -> Void
+
+    /// - Parameters:
+    ///   - capacity: the most sessions open at once (≥ 1).
+    ///   - slot: the slot the token is in.
+    ///   - open: opens one session on a slot (`C_OpenSession`).
+    ///   - close: closes one session (`C_CloseSession`), errors ignored.
+    init(capacity: Int, slot: UInt, open: @escaping @Sendable (UInt) -> (PKCS11ReturnValue, UInt), close: @escaping @Sendable (UInt) -> Void) {
+        self.capacity = max(1, capacity)
+        self.slot = slot
+        self.open = open
+        self.close = close
+    }
+
+    /// Sessions in use and idle, for metrics.
+    var usage: (inUse: Int, idle: Int, waiting: Int) {
+        lock.withLock { (counted - idle.count, idle.count, waiting) }
+    }
+
+    /// Leases a session, waiting until `deadline` (``MonotonicClock``
+    /// nanoseconds) when all are in use.
+    /// - Throws: ``HSMError/Code/sessionUnavailable`` on timeout; the
+    ///   `C_OpenSession` failure when opening one fails.
+    func checkout(deadline: UInt64) throws(HSMError) -> SessionLease {
+        enum Next { case reuse(UInt, UInt64, UInt64), openNew(UInt64, UInt64, UInt) }
+        let next: Next? = lock.withLock {
+            while true {
+                if let handle = idle.popLast() {
+                    return .reuse(handle, generation, epoch)
+                }
+                if counted < capacity {
+                    counted += 1
+                    return .openNew(generation, epoch, slot)
+                }
+                waiting += 1
+                let signalled = lock.wait(untilMonotonic: deadline)
+                waiting -= 1
+                if !signalled && MonotonicClock.now() >= deadline && idle.isEmpty && counted >= capacity {
+                    return nil
+                }
+            }
+        }
+        switch next {
+        case .reuse(let handle, let generation, let epoch):
+            return SessionLease(handle: handle, generation: generation, epoch: epoch)
+        case .openNew(let generation, let epoch, let slot):
+            let (rv, handle) = open(slot)
+            guard rv == .ok else {
+                lock.withLock {
+                    if generation == self.generation { counted -= 1 }
+                    lock.signal()
+                }
+                throw HSMError(pkcs11: .openSession, rv, message: "cannot open a session")
+            }
+            return SessionLease(handle: handle, generation: generation, epoch: epoch)
+        case nil:
+            var error = HSMError(.sessionUnavailable, "all \(capacity) PKCS#11 sessions stayed busy until the checkout timeout")
+            error.retryAfter = 1
+            throw error
+        }
+    }
+
+    /// Returns a healthy session for reuse.
+    func checkin(_ lease: SessionLease) {
+        if lease.quarantined.load(ordering: .acquiring) {
+            if lease.epoch == currentEpoch { close(lease.handle) }
+            return
+        }
+        let stale: Bool = lock.withLock {
+            guard lease.generation == generation else { return true }
+            idle.append(lease.handle)
+            lock.signal()
+            return false
+        }
+        if stale && lease.epoch == currentEpoch {
+            close(lease.handle)
+        }
+    }
+
+    /// Closes a broken session and frees its place for a new one.
+    func discard(_ lease: SessionLease) {
+        let wasQuarantined = lease.quarantined.load(ordering: .acquiring)
+        let sameEpoch: Bool = lock.withLock {
+            if !wasQuarantined && lease.generation == generation {
+                counted -= 1
+                lock.signal()
+            }
+            return lease.epoch == epoch
+        }
+        if sameEpoch { close(lease.handle) }
+    }
+
+    /// Writes off a session whose call is still running (a hung `C_Sign`):
+    /// its place is freed now, and it is closed, never reused, when the
+    /// call returns and its holder checks it in or discards it.
+    func quarantine(_ lease: SessionLease) {
+        guard !lease.quarantined.exchange(true, ordering: .acquiringAndReleasing) else { return }
+        lock.withLock {
+            if lease.generation == generation {
+                counted -= 1
+                lock.signal()
+            }
+        }
+    }
+
+    private var currentEpoch: UInt64 { lock.withLock { epoch } }
+
+    /// Drops every session (see below) and moves the pool to `slot`, where
+    /// the token was found again.
+    func reset(moduleReinitialized: Bool, slot: UInt) {
+        lock.withLock { self.slot = slot }
+        reset(moduleReinitialized: moduleReinitialized)
+    }
+
+    /// Drops every session. With `moduleReinitialized` the handles are
+    /// already gone (after `C_Finalize`) and are not closed; otherwise idle
+    /// ones are closed now and leased ones when they come back.
+    func reset(moduleReinitialized: Bool) {
+        let toClose: [UInt] = lock.withLock {
+            generation += 1
+            if moduleReinitialized { epoch += 1 }
+            let old = idle
+            idle.removeAll()
+            counted = 0
+            lock.broadcast()
+            return moduleReinitialized ? [] : old
+        }
+        for handle in toClose { close(handle) }
+    }
+}

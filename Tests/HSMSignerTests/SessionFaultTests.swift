@@ -1,0 +1,140 @@
+import Foundation
+@testable import HSMSigner
+import Synchronization
+import Testing
+
+/// Session faults injected through the seam in front of the function table,
+/// with a real SoftHSM token behind it.
+@Suite("Session faults through the PKCS#11 seam")
+struct SessionFaultTests {
+    struct Setup {
+        let hsm: HSMToken
+        let faults: FaultInjector
+        let publicKey: ECPublicKey
+        let keyID = "FAULT00001"
+    }
+
+    static func setUp(_ name: String, faults: FaultInjector = FaultInjector()) throws -> Setup {
+        let token = try SoftHSMFixture.shared.makeToken(name)
+        let hsm = try TokenTests.open(token, poolSize: 2, interposer: faults)
+        let files = try TestKeyFiles.make()
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "FAULT00001", replace: false)
+        return Setup(hsm: hsm, faults: faults, publicKey: try ECPublicKey(pem: files.publicKeyPEM))
+    }
+
+    static func signAndVerify(_ setup: Setup, _ text: String = "fault test") throws -> Bool {
+        let digest = SHA256.hash(Array(text.utf8))
+        let signature = try setup.hsm.sign(digest: digest, keyID: setup.keyID)
+        return setup.publicKey.verify(rawSignature: signature.raw, digest: digest)
+    }
+
+    @Test("CKR_SESSION_HANDLE_INVALID on C_Sign: the session is replaced and the signature succeeds")
+    func sessionHandleInvalid() throws {
+        let setup = try Self.setUp("sess-invalid")
+        defer { setup.hsm.close() }
+        #expect(try Self.signAndVerify(setup))
+        let opened = setup.faults.calls(.openSession)
+        let closed = setup.faults.calls(.closeSession)
+        setup.faults.inject(.sign, .sessionHandleInvalid)
+        #expect(try Self.signAndVerify(setup))
+        #expect(setup.faults.calls(.closeSession) == closed + 1, "the broken session was closed")
+        #expect(setup.faults.calls(.openSession) >= opened + 1, "a new one was opened")
+        #expect(setup.faults.calls(.sign) >= 3)
+    }
+
+    @Test("CKR_SESSION_CLOSED and CKR_OPERATION_ACTIVE also replace the session", arguments: [PKCS11ReturnValue.sessionClosed, .operationActive])
+    func otherSessionFailures(_ rv: PKCS11ReturnValue) throws {
+        let setup = try Self.setUp("sess-\(rv.rawValue)")
+        defer { setup.hsm.close() }
+        setup.faults.inject(.signInit, rv)
+        #expect(try Self.signAndVerify(setup))
+    }
+
+    @Test("a C_Sign that failed while an operation stays active never poisons the next request")
+    func operationActiveAfterFailedSign() throws {
+        let setup = try Self.setUp("op-active")
+        defer { setup.hsm.close() }
+        // The injected C_Sign failure leaves SoftHSM's real sign operation
+        // initialized on that session: reusing it would give CKR_OPERATION_ACTIVE.
+        setup.faults.inject(.sign, .functionFailed)
+        let error = #expect(throws: HSMError.self) { try Self.signAndVerify(setup) }
+        #expect(error?.returnValue == .functionFailed)
+        for index in 0..<10 {
+            #expect(try Self.signAndVerify(setup, "after \(index)"))
+        }
+    }
+
+    @Test("CKR_USER_NOT_LOGGED_IN: exactly one re-login, then success")
+    func userNotLoggedIn() throws {
+        let setup = try Self.setUp("relogin")
+        defer { setup.hsm.close() }
+        let logins = setup.faults.calls(.login)
+        setup.faults.inject(.sign, .userNotLoggedIn)
+        #expect(try Self.signAndVerify(setup))
+        #expect(setup.faults.calls(.login) == logins + 1)
+    }
+
+    @Test("CKR_OBJECT_HANDLE_INVALID: the key is looked up again")
+    func objectHandleInvalid() throws {
+        let setup = try Self.setUp("rehandle")
+        defer { setup.hsm.close() }
+        #expect(try Self.signAndVerify(setup))
+        let searches = setup.faults.calls(.findObjectsInit)
+        setup.faults.inject(.signInit, .objectHandleInvalid)
+        #expect(try Self.signAndVerify(setup))
+        #expect(setup.faults.calls(.findObjectsInit) > searches)
+        // Cached again: the next signature does not search.
+        let after = setup.faults.calls(.findObjectsInit)
+        #expect(try Self.signAndVerify(setup))
+        #expect(setup.faults.calls(.findObjectsInit) == after)
+    }
+
+    @Test("CKR_PIN_INCORRECT at open: exactly one C_Login and a named error")
+    func pinIncorrectAtOpen() throws {
+        let token = try SoftHSMFixture.shared.makeToken("pin-open")
+        let faults = FaultInjector()
+        faults.inject(.login, .pinIncorrect, count: nil)
+        let error = #expect(throws: HSMError.self) { try TokenTests.open(token, interposer: faults) }
+        #expect(error?.code == .pinRejected)
+        #expect(error?.returnValue == .pinIncorrect)
+        #expect(error?.function == "C_Login")
+        #expect(faults.calls(.login) == 1)
+    }
+
+    @Test("CKR_PIN_INCORRECT on re-login: one C_Login however many requests follow, from many threads")
+    func pinIncorrectOnRelogin() throws {
+        let setup = try Self.setUp("pin-relogin")
+        defer { setup.hsm.close() }
+        let logins = setup.faults.calls(.login)
+        setup.faults.inject(.sign, .userNotLoggedIn, count: nil)
+        setup.faults.inject(.login, .pinIncorrect, count: nil)
+        let codes = Mutex<[HSMError.Code]>([])
+        DispatchQueue.concurrentPerform(iterations: 8) { _ in
+            for _ in 0..<25 {
+                do {
+                    _ = try setup.hsm.sign(digest: SHA256.hash([1, 2, 3]), keyID: setup.keyID)
+                    codes.withLock { $0.append(HSMError.Code(rawValue: "success")) }
+                } catch {
+                    codes.withLock { $0.append((error as? HSMError)?.code ?? HSMError.Code(rawValue: "\(error)")) }
+                }
+            }
+        }
+        #expect(setup.faults.calls(.login) == logins + 1)
+        #expect(codes.withLock { $0.allSatisfy { $0 == .pinRejected } })
+        #expect(setup.hsm.status == .pinRejected(.pinIncorrect))
+    }
+
+    @Test("session checkout waits for a free session instead of failing")
+    func checkoutWaits() throws {
+        let setup = try Self.setUp("wait")
+        defer { setup.hsm.close() }
+        // Two sessions, each C_Sign held 0.2 s: 6 concurrent signers must queue, not fail.
+        setup.faults.inject(.sign, .ok, count: 6, delay: 0.2)
+        let failures = Mutex(0)
+        DispatchQueue.concurrentPerform(iterations: 6) { index in
+            if (try? Self.signAndVerify(setup, "wait \(index)")) != true { failures.withLock { $0 += 1 } }
+        }
+        #expect(failures.withLock { $0 } == 0)
+        #expect(setup.hsm.sessionCapacity == 2)
+    }
+}

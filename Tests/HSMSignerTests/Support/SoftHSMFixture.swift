@@ -1,0 +1,131 @@
+import Foundation
+import HSMSigner
+import Synchronization
+import Testing
+
+/// A throw-away SoftHSM token store for this test process: its own
+/// directory and `SOFTHSM2_CONF`, never the system's tokens. Every test that
+/// needs a token makes its own, with its own label and random PINs.
+final class SoftHSMFixture: Sendable {
+    static let shared = SoftHSMFixture()
+
+    /// The SoftHSM module; override with `SIGNERD_TEST_SOFTHSM_MODULE`.
+    let modulePath: String
+    let directory: String
+    private let lock = Mutex(0)
+
+    private init() {
+        modulePath = ProcessInfo.processInfo.environment["SIGNERD_TEST_SOFTHSM_MODULE"] ?? "/usr/lib/softhsm/libsofthsm2.so"
+        directory = TemporaryDirectory.make(prefix: "signerd-softhsm")
+        let tokens = directory + "/tokens"
+        try! FileManager.default.createDirectory(atPath: tokens, withIntermediateDirectories: true)  // fresh temp dir
+        let conf = "directories.tokendir = \(tokens)\nobjectstore.backend = file\nlog.level = ERROR\nslots.removable = false\n"
+        try! conf.write(toFile: directory + "/softhsm2.conf", atomically: true, encoding: .utf8)  // fresh temp dir
+        // Read by SoftHSM at C_Initialize; set before any module load in this process.
+        setenv("SOFTHSM2_CONF", directory + "/softhsm2.conf", 1)
+    }
+
+    struct Token {
+        let label: String
+        let pinPath: String
+        let uri: String
+        let modulePath: String
+    }
+
+    /// Makes a new initialized token with a random user PIN in a 0600 file.
+    /// - Parameter prefix: the start of the label; a counter makes it unique.
+    func makeToken(_ prefix: String) throws -> Token {
+        try lock.withLock { counter in
+            counter += 1
+            let label = "\(prefix)-\(counter)"
+            let pinPath = directory + "/\(label).pin"
+            let soPINPath = directory + "/\(label).so-pin"
+            try writeSecretFile(pinPath, SecureRandom.bytes(12).hexString)
+            try writeSecretFile(soPINPath, SecureRandom.bytes(12).hexString)
+            let outcome = try TokenAdministration.initializeToken(
+                modulePath: modulePath, label: label,
+                soPIN: TokenAdministration.readPINFile(soPINPath),
+                userPIN: TokenAdministration.readPINFile(pinPath))
+            guard case .initialized = outcome else {
+                throw FixtureError("token \(label) already existed")
+            }
+            return Token(label: label, pinPath: pinPath,
+                         uri: "pkcs11:token=\(label)?module-path=\(modulePath)&pin-source=file:\(pinPath)",
+                         modulePath: modulePath)
+        }
+    }
+}
+
+struct FixtureError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+enum TemporaryDirectory {
+    /// A fresh directory under $TMPDIR (or /tmp), mode 0700.
+    static func make(prefix: String) -> String {
+        let base = ProcessInfo.processInfo.environment["TMPDIR"] ?? "/tmp"
+        var template = Array("\(base)/\(prefix)-XXXXXX".utf8CString)
+        let created = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
+        precondition(created != nil, "mkdtemp failed")
+        return String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+}
+
+/// Writes a file with mode 0600 from the start (no window with wider permissions).
+func writeSecretFile(_ path: String, _ contents: String, mode: mode_t = 0o600) throws {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
+    guard fd >= 0 else { throw FixtureError("cannot create \(path)") }
+    defer { close(fd) }
+    fchmod(fd, mode)
+    let bytes = Array(contents.utf8)
+    guard write(fd, bytes, bytes.count) == bytes.count else { throw FixtureError("cannot write \(path)") }
+}
+
+/// Runs a command and returns its standard output; throws on a non-zero exit.
+@discardableResult
+func run(_ arguments: [String], input: Data? = nil, environment: [String: String]? = nil) throws -> Data {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = arguments
+    if let environment { process.environment = environment }
+    let output = Pipe()
+    let errors = Pipe()
+    process.standardOutput = output
+    process.standardError = errors
+    let inputPipe = Pipe()
+    process.standardInput = input == nil ? FileHandle.nullDevice : inputPipe
+    try process.run()
+    if let input {
+        inputPipe.fileHandleForWriting.write(input)
+        try inputPipe.fileHandleForWriting.close()
+    }
+    let data = output.fileHandleForReading.readDataToEndOfFile()
+    let errorData = errors.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else {
+        throw FixtureError("\(arguments.joined(separator: " ")) exited \(process.terminationStatus): \(String(decoding: errorData, as: UTF8.self))")
+    }
+    return data
+}
+
+extension Array where Element == UInt8 {
+    init?(hex: String) {
+        var bytes: [UInt8] = []
+        var iterator = hex.utf8.makeIterator()
+        while let high = iterator.next() {
+            guard let low = iterator.next(), let h = Self.nibble(high), let l = Self.nibble(low) else { return nil }
+            bytes.append(h << 4 | l)
+        }
+        self = bytes
+    }
+
+    private static func nibble(_ c: UInt8) -> UInt8? {
+        switch c {
+        case 0x30...0x39: c - 0x30
+        case 0x61...0x66: c - 0x61 + 10
+        case 0x41...0x46: c - 0x41 + 10
+        default: nil
+        }
+    }
+}

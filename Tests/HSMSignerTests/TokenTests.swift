@@ -1,0 +1,237 @@
+import Foundation
+@testable import HSMSigner
+import Synchronization
+import Testing
+
+/// Against a real SoftHSM token in a throw-away directory.
+@Suite("SoftHSM token: import, sign, list, delete")
+struct TokenTests {
+    static func open(_ token: SoftHSMFixture.Token, poolSize: Int = 8, interposer: FaultInjector? = nil) throws -> HSMToken {
+        var options = TokenOptions()
+        options.sessionPoolSize = poolSize
+        options.logger = .disabled
+        return try HSMToken(uri: PKCS11URI(token.uri), options: options, interposer: interposer)
+    }
+
+    @Test("every key file form imports, self-tests, and signs what its public key verifies")
+    func importVariants() throws {
+        let token = try SoftHSMFixture.shared.makeToken("import")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        let variants: [(String, String)] = [
+            ("AAAAAAAAA1", files.pkcs8Apple), ("AAAAAAAAA2", files.pkcs8OpenSSL), ("AAAAAAAAA3", files.sec1),
+            ("AAAAAAAAA4", files.pkcs8NoPublicKey), ("AAAAAAAAA5", files.pkcs8AppleCRLF),
+        ]
+        let expected = try ECPublicKey(pem: files.publicKeyPEM)
+        for (keyID, path) in variants {
+            let material = try ECPrivateKeyMaterial(contentsOf: path)
+            #expect(material.publicKey == expected, "\(path)")
+            let result = try hsm.importKey(material, keyID: keyID, replace: false)
+            #expect(result.publicKey == expected)
+            let message = Array("variant \(keyID)".utf8)
+            let digest = SHA256.hash(message)
+            let signature = try hsm.sign(digest: digest, keyID: keyID)
+            #expect(signature.raw.count == 64)
+            let der = try ECDSASignature.der(fromRaw: signature.raw, curve: .p256)
+            #expect(try opensslVerifies(publicKeyPEM: files.publicKeyPEM, derSignature: der, message: message), "\(keyID) from \(path)")
+        }
+        #expect(try hsm.listKeys().map(\.keyID) == variants.map(\.0))
+    }
+
+    @Test("1,000 digests signed from 8 threads through the pool; every signature verifies with OpenSSL")
+    func concurrentSigning() throws {
+        let token = try SoftHSMFixture.shared.makeToken("pool")
+        let hsm = try Self.open(token, poolSize: 4)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "POOL000001", replace: false)
+        let publicKey = try ECPublicKey(pem: files.publicKeyPEM)
+        let results = Mutex<[(digest: [UInt8], raw: [UInt8])]>([])
+        let failures = Mutex<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: 8) { thread in
+            for index in 0..<125 {
+                let digest = SHA256.hash(Array("thread \(thread) message \(index)".utf8))
+                do {
+                    let signature = try hsm.sign(digest: digest, keyID: "POOL000001")
+                    results.withLock { $0.append((digest, signature.raw)) }
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                }
+            }
+        }
+        #expect(failures.withLock { $0 } == [])
+        let all = results.withLock { $0 }
+        #expect(all.count == 1000)
+        #expect(all.allSatisfy { publicKey.verify(rawSignature: $0.raw, digest: $0.digest) })
+        #expect(hsm.sessionUsage.inUse == 0)
+        #expect(hsm.sessionUsage.idle <= 4)
+    }
+
+    @Test("a duplicate key ID is refused unless --replace; replace swaps the key")
+    func duplicateImport() throws {
+        let token = try SoftHSMFixture.shared.makeToken("dup")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let first = try TestKeyFiles.make()
+        let second = try TestKeyFiles.make()
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: first.pkcs8Apple), keyID: "DUPLICATE1", replace: false)
+        let error = #expect(throws: HSMError.self) {
+            try hsm.importKey(ECPrivateKeyMaterial(contentsOf: second.pkcs8Apple), keyID: "DUPLICATE1", replace: false)
+        }
+        #expect(error?.code == .keyExists)
+        #expect(try hsm.publicKey(keyID: "DUPLICATE1") == ECPublicKey(pem: first.publicKeyPEM))
+        let replaced = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: second.pkcs8Apple), keyID: "DUPLICATE1", replace: true)
+        #expect(replaced.replaced)
+        #expect(try hsm.publicKey(keyID: "DUPLICATE1") == ECPublicKey(pem: second.publicKeyPEM))
+        let digest = SHA256.hash(Array("after replace".utf8))
+        let signature = try hsm.sign(digest: digest, keyID: "DUPLICATE1")
+        #expect(try ECPublicKey(pem: second.publicKeyPEM).verify(rawSignature: signature.raw, digest: digest))
+        #expect(try hsm.listKeys().count == 1)
+    }
+
+    @Test("P-384, RSA and Ed25519 keys are refused with named errors", arguments: ["p384", "rsa", "ed25519"])
+    func refuseOtherKeys(kind: String) throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-otherkeys")
+        let path = try TestKeyFiles.other(kind, in: directory)
+        let error = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: path) }
+        #expect(error?.code == (kind == "p384" ? .unsupportedCurve : .unsupportedKeyType))
+        #expect(error?.message.contains("P-256") == true)
+    }
+
+    @Test("garbage, empty and encrypted files are refused as key_file_invalid")
+    func refuseGarbage() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-garbage")
+        let garbage = directory + "/garbage.p8"
+        try "-----BEGIN PRIVATE KEY-----\nnot base64\n-----END PRIVATE KEY-----\n".write(toFile: garbage, atomically: true, encoding: .utf8)
+        let empty = directory + "/empty.p8"
+        try "".write(toFile: empty, atomically: true, encoding: .utf8)
+        let encrypted = directory + "/enc.p8"
+        try run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-aes256", "-pass", "pass:testonly", "-out", encrypted])
+        for path in [garbage, empty, encrypted] {
+            let error = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: path) }
+            #expect(error?.code == .keyFileInvalid, "\(path)")
+        }
+        let missing = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: directory + "/missing.p8") }
+        #expect(missing?.code == .keyFileUnreadable)
+    }
+
+    @Test("the private key is non-extractable and sensitive; CKA_VALUE cannot be read")
+    func nonExtractable() throws {
+        let token = try SoftHSMFixture.shared.makeToken("extract")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "EXTRACT001", replace: false)
+        let key = try #require(try hsm.listKeys().first)
+        #expect(key.keyID == "EXTRACT001")
+        #expect(key.extractable == false)
+        #expect(key.sensitive == true)
+        #expect(key.curve == .p256)
+        #expect(key.hasPublicKey)
+        #expect(key.fingerprint == (try ECPublicKey(pem: files.publicKeyPEM)).fingerprint)
+        #expect(try hsm.readPrivateValue(keyID: "EXTRACT001") == nil)
+    }
+
+    @Test("the exported public key PEM equals `openssl ec -pubout`, byte for byte")
+    func exportPublic() throws {
+        let token = try SoftHSMFixture.shared.makeToken("export")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "EXPORT0001", replace: false)
+        #expect(try hsm.publicKey(keyID: "EXPORT0001").pem == files.publicKeyPEM)
+    }
+
+    @Test("delete removes both objects; an unknown key is key_not_found")
+    func delete() throws {
+        let token = try SoftHSMFixture.shared.makeToken("delete")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "DELETE0001", replace: false)
+        _ = try hsm.sign(digest: SHA256.hash([1]), keyID: "DELETE0001")
+        #expect(try hsm.deleteKey(keyID: "DELETE0001") == 2)
+        #expect(try hsm.listKeys().isEmpty)
+        let error = #expect(throws: HSMError.self) { try hsm.sign(digest: SHA256.hash([1]), keyID: "DELETE0001") }
+        #expect(error?.code == .keyNotFound)
+        #expect(error?.keyID == "DELETE0001")
+    }
+
+    @Test("EC point: raw and DER-wrapped forms are told apart by length")
+    func ecPointForms() throws {
+        let point = [0x04] + [UInt8](repeating: 0x11, count: 64)
+        #expect(HSMToken.uncompressedPoint(fromECPoint: point, curve: .p256) == point)
+        #expect(HSMToken.uncompressedPoint(fromECPoint: [0x04, 0x41] + point, curve: .p256) == point)
+        // A raw point whose X starts 0x41 must not be mistaken for a wrapped one.
+        let tricky = [0x04, 0x41] + [UInt8](repeating: 0x22, count: 63)
+        #expect(HSMToken.uncompressedPoint(fromECPoint: tricky, curve: .p256) == tricky)
+        #expect(HSMToken.uncompressedPoint(fromECPoint: Array(point.dropLast()), curve: .p256) == nil)
+        let p521 = [0x04] + [UInt8](repeating: 0x01, count: 132)
+        #expect(HSMToken.uncompressedPoint(fromECPoint: [0x04, 0x81, 0x85] + p521, curve: .p521) == p521)
+    }
+}
+
+@Suite("Token URI and PIN source")
+struct TokenURITests {
+    @Test("a full URI parses; pin-value is redacted")
+    func parse() throws {
+        let uri = try PKCS11URI("pkcs11:token=signer;serial=abc?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-value=1234")
+        #expect(uri.tokenLabel == "signer")
+        #expect(uri.tokenSerial == "abc")
+        #expect(uri.modulePath == "/usr/lib/softhsm/libsofthsm2.so")
+        #expect(uri.hasPINValue)
+        #expect(!uri.redacted.contains("1234"))
+        #expect(!"\(uri)".contains("1234"))
+    }
+
+    @Test("bad URIs are refused with invalid_uri", arguments: [
+        "http://example.com",
+        "pkcs11:?module-path=/x.so&pin-source=file:/p",
+        "pkcs11:token=a",
+        "pkcs11:token=a?pin-source=file:/p",
+        "pkcs11:token=a;slot-id=1?module-path=/x.so&pin-source=file:/p",
+        "pkcs11:token=a?module-path=/x.so",
+    ])
+    func invalid(_ text: String) throws {
+        let error = #expect(throws: HSMError.self) { try PKCS11URI(text) }
+        #expect(error?.code == .invalidURI)
+    }
+
+    @Test("module-name resolves through p11-kit's registered modules")
+    func moduleName() throws {
+        let uri = try PKCS11URI("pkcs11:token=x?module-name=softhsm2&pin-source=file:/nonexistent")
+        let path = try uri.resolveModulePath()
+        #expect(path.hasSuffix("libsofthsm2.so"))
+        let missing = try PKCS11URI("pkcs11:token=x?module-name=no-such-module&pin-source=file:/nonexistent")
+        let error = #expect(throws: HSMError.self) { try missing.resolveModulePath() }
+        #expect(error?.code == .moduleNotFound)
+    }
+
+    @Test("PIN file: trailing newline stripped; world-readable refused; missing named")
+    func pinFile() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-pin")
+        let good = directory + "/pin"
+        try writeSecretFile(good, "s3cret\r\n")
+        let pin = try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(good)").readPIN()
+        #expect(pin.withUnsafeBytes { Array($0) } == Array("s3cret".utf8))
+        let open = directory + "/open-pin"
+        try writeSecretFile(open, "s3cret\n", mode: 0o644)
+        let insecure = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(open)").readPIN() }
+        #expect(insecure?.code == .pinSourceInsecure)
+        #expect(insecure?.message.contains("s3cret") == false)
+        let missing = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(directory)/none").readPIN() }
+        #expect(missing?.code == .pinSourceUnreadable)
+    }
+
+    @Test("a token that is not there is token_not_found, naming the tokens present")
+    func tokenNotFound() throws {
+        let token = try SoftHSMFixture.shared.makeToken("present")
+        let uri = try PKCS11URI("pkcs11:token=absent?module-path=\(token.modulePath)&pin-source=file:\(token.pinPath)")
+        var options = TokenOptions()
+        options.logger = .disabled
+        let error = #expect(throws: HSMError.self) { try HSMToken(uri: uri, options: options) }
+        #expect(error?.code == .tokenNotFound)
+        #expect(error?.message.contains(token.label) == true)
+    }
+}
