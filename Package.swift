@@ -62,5 +62,10 @@ let package = Package(
             resources: [.copy("Vectors")],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
+        .testTarget(
+            name: "SignerIPCTests",
+            dependencies: ["SignerIPC", "HSMSigner"],
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
     ]
 )

@@ -1,1 +1,148 @@
-print("x")
+// signctl: the operator's tool for signerd. `signctl <noun> <verb>`.
+import Foundation
+import HSMSigner
+import SignerIPC
+
+let usage = """
+usage: signctl [--config FILE] <command> [options]
+
+Token and keys (talk to the PKCS#11 token named by token_uri in the config):
+  token init --label LABEL --pin-file F --so-pin-file F [--module PATH]
+                         initialize a development token (SoftHSM); PINs come from 0600 files
+  keys import [--key-id ID] [--replace] FILE.p8
+                         import an App Store In-App Purchase key (non-extractable, self-tested)
+  keys list [--json]     key IDs, curve, public key object, CKA_EXTRACTABLE/CKA_SENSITIVE, fingerprint
+  keys export-public KEY_ID
+                         the public key as PEM (same bytes as `openssl ec -pubout`)
+  keys delete KEY_ID --yes
+                         remove a key's objects from the token
+
+Daemon (talk to signerd over its Unix socket, socket_path in the config):
+  health [--json]        readiness; exit 0 ready, 69 not ready or unreachable
+  sign promotional-offer --bundle-id B --product-id P --offer-id O [--key-id K]
+                         [--app-account-token UUID] [--nonce UUID] [--timestamp MS] [--json]
+  sign promotional-offer-v2 --bundle-id B --product-id P --offer-id O [--transaction-id T] [--key-id K] [--json]
+  sign introductory-offer-eligibility --bundle-id B --product-id P --transaction-id T
+                         --allow-introductory-offer true|false [--key-id K] [--json]
+  sign advanced-commerce-request --bundle-id B --request JSON [--key-id K] [--json]
+  sign server-api-token --bundle-id B [--ttl-seconds N] [--key-id K] [--json]
+  bench [--concurrency N] [--duration S | --requests N] [--endpoint E] [--verify] [--json]
+  bench --direct [--concurrency N] [--duration S | --requests N] [--key-id K] [--json]
+                         load generator over the socket, or the in-process PKCS#11 baseline
+
+Offline checks (no daemon, no token):
+  verify promotional-offer --public-key PEM --bundle-id B --key-id K --product-id P --offer-id O
+                         [--app-account-token UUID] --nonce UUID --timestamp MS --signature BASE64
+  verify jws TOKEN --public-key PEM
+                         decode and verify any signerd JWS; prints header and claims
+
+Options:
+  --config FILE          configuration (default \(SignerConfiguration.defaultPath))
+  -h, --help             this help
+
+Exit codes: 0 ok, 64 usage, 65 bad data, 69 unavailable, 75 try again, 77 no permission, 78 configuration.
+"""
+
+/// Fails a command with an exit code and a message for stderr.
+struct CommandFailure: Error {
+    let code: ExitCode
+    let message: String
+    let hint: String?
+    init(_ code: ExitCode, _ message: String, hint: String? = nil) {
+        self.code = code
+        self.message = message
+        self.hint = hint
+    }
+}
+
+func writeError(_ message: String, hint: String? = nil) {
+    var text = "error: \(message)\n"
+    if let hint { text += "hint: \(hint)\n" }
+    FileHandle.standardError.write(Data(text.utf8))
+}
+
+func printJSON(_ value: some Encodable) {
+    let encoder = JSONEncoder()
+    encoder.outputFormatting = [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]
+    let data = (try? encoder.encode(value)) ?? Data("{}".utf8)
+    print(String(decoding: data, as: UTF8.self))
+}
+
+/// Splits `--config FILE` (anywhere before the command words) from the rest.
+func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: String, rest: [String]) {
+    var configPath = ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] ?? SignerConfiguration.defaultPath
+    var rest: [String] = []
+    var index = 0
+    while index < words.count {
+        let word = words[index]
+        if word == "--config" {
+            guard index + 1 < words.count else { throw UsageError("--config needs a value") }
+            configPath = words[index + 1]
+            index += 2
+            continue
+        }
+        if word.hasPrefix("--config=") {
+            configPath = String(word.dropFirst("--config=".count))
+            index += 1
+            continue
+        }
+        rest.append(word)
+        index += 1
+    }
+    return (configPath, rest)
+}
+
+func loadConfiguration(_ path: String) throws -> SignerConfiguration {
+    do {
+        return try SignerConfiguration.load(path: path)
+    } catch {
+        throw CommandFailure(.config, error.message, hint: "pass --config FILE (default \(SignerConfiguration.defaultPath))")
+    }
+}
+
+func runCommand(_ words: [String]) throws -> ExitCode {
+    let (configPath, rest) = try splitGlobalOptions(words)
+    guard let noun = rest.first, noun != "-h", noun != "--help" else {
+        print(usage)
+        return rest.isEmpty ? .usage : .success
+    }
+    let verb = rest.count > 1 ? rest[1] : ""
+    let tail = Array(rest.dropFirst(2))
+    switch (noun, verb) {
+    case ("token", "init"): return try tokenInit(tail)
+    case ("keys", "import"): return try keysImport(tail, configPath: configPath)
+    case ("keys", "list"): return try keysList(tail, configPath: configPath)
+    case ("keys", "export-public"): return try keysExportPublic(tail, configPath: configPath)
+    case ("keys", "delete"): return try keysDelete(tail, configPath: configPath)
+    case ("health", _): return try health(Array(rest.dropFirst()), configPath: configPath)
+    case ("sign", _): return try sign(kind: verb, tail, configPath: configPath)
+    case ("verify", "promotional-offer"): return try verifyPromotionalOffer(tail)
+    case ("verify", "jws"): return try verifyJWS(tail)
+    case ("bench", _): return try bench(Array(rest.dropFirst()), configPath: configPath)
+    case ("token", _), ("keys", _), ("verify", _):
+        throw UsageError(verb.isEmpty ? "\(noun) needs a subcommand" : "unknown command \(noun) \(verb)")
+    default:
+        throw UsageError("unknown command \(noun)")
+    }
+}
+
+let code: ExitCode
+do {
+    code = try runCommand(Array(CommandLine.arguments.dropFirst()))
+} catch let error as UsageError {
+    writeError(error.message, hint: error.hint)
+    code = .usage
+} catch let error as CommandFailure {
+    writeError(error.message, hint: error.hint)
+    code = error.code
+} catch let error as HSMError {
+    writeError(error.description, hint: hint(for: error))
+    code = exitCode(for: error)
+} catch let error as CryptoError {
+    writeError(error.description)
+    code = .dataError
+} catch {
+    writeError("\(error)")
+    code = .failure
+}
+exit(code.rawValue)

@@ -1,0 +1,279 @@
+import Foundation
+import HSMSigner
+
+/// A configuration file that cannot be used; ``message`` names the key.
+public struct ConfigurationError: Error, Sendable, CustomStringConvertible {
+    /// What is wrong, naming the config key (`keys[1].bundle_ids`).
+    public var message: String
+    /// Makes an error.
+    public init(_ message: String) { self.message = message }
+    public var description: String { message }
+}
+
+/// One In-App Purchase key the daemon serves.
+public struct KeyConfiguration: Sendable, Equatable {
+    /// The 10-character key ID; the token's objects carry it as `CKA_ID`.
+    public var keyID: String
+    /// The bundle IDs this key may sign for (403 `bundle_not_allowed` otherwise).
+    public var bundleIDs: [String]
+    /// The issuer ID for JWS kinds, overriding the top-level one.
+    public var issuerID: String?
+    /// When set, only these uids (and root) may use this key.
+    public var allowedUIDs: [UInt32]?
+
+    /// Makes a key entry.
+    public init(keyID: String, bundleIDs: [String], issuerID: String? = nil, allowedUIDs: [UInt32]? = nil) {
+        self.keyID = keyID
+        self.bundleIDs = bundleIDs
+        self.issuerID = issuerID
+        self.allowedUIDs = allowedUIDs
+    }
+}
+
+/// The JSON configuration shared by `signerd` and `signctl`
+/// (`/etc/signerd/signerd.json` by default). Unknown keys and invalid values
+/// are refused with the key named. Durations carry their unit in the key
+/// name (`_seconds`, `_ms`).
+public struct SignerConfiguration: Sendable, Equatable {
+    /// The default configuration path.
+    public static let defaultPath = "/etc/signerd/signerd.json"
+
+    /// Where the Unix socket is created. Default `/run/signerd/signerd.sock`.
+    public var socketPath = "/run/signerd/signerd.sock"
+    /// The socket file's mode. Default 0660.
+    public var socketMode: UInt32 = 0o660
+    /// The socket file's group (name or number); nil keeps the daemon's group.
+    public var socketGroup: String?
+    /// The RFC 7512 PKCS#11 URI of the token (module, token, PIN source).
+    public var tokenURI: String
+    /// The issuer ID (a UUID from App Store Connect) for the JWS kinds.
+    public var issuerID: String?
+    /// The keys served.
+    public var keys: [KeyConfiguration] = []
+    /// The key used when a request names none and several keys serve its bundle.
+    public var defaultKeyID: String?
+    /// uids allowed to call, besides root and the daemon's own uid.
+    public var allowedUIDs: [UInt32] = []
+    /// gids whose members may call.
+    public var allowedGIDs: [UInt32] = []
+    /// PKCS#11 sessions used at once. Default 8.
+    public var sessionPoolSize = 8
+    /// Verify every signature with the public key before returning it. Default true.
+    public var verifyBeforeReturn = true
+    /// The lowest log level written. Default `info`.
+    public var logLevel: LogLevel = .info
+    /// HTTP worker threads (libmicrohttpd's thread pool). Default 2 × the session pool, at least 4.
+    public var httpThreads: Int?
+    /// Most connections at once. Default 1024.
+    public var maxConnections = 1024
+    /// Largest request body in bytes. Default 65,536.
+    public var maxBodyBytes = 64 * 1024
+    /// Largest request head (request line and headers) in bytes. Default 8,192.
+    public var maxHeaderBytes = 8 * 1024
+    /// An idle keep-alive connection is closed after this many seconds. Default 60.
+    public var idleTimeoutSeconds = 60
+    /// A request not fully received within this many seconds is dropped. Default 10.
+    public var requestTimeoutSeconds = 10
+    /// How long a readiness result is reused, in seconds. Default 5.
+    public var readinessCacheSeconds = 5.0
+    /// How long a request waits for a free PKCS#11 session, in milliseconds. Default 2000.
+    public var sessionCheckoutTimeoutMs = 2000
+    /// A signing call in the module longer than this fails the request with
+    /// 503 and quarantines its session, in milliseconds. Default 5000.
+    public var signTimeoutMs = 5000
+    /// How far back the App Store Server API token's `iat` is set, so a host
+    /// clock slightly ahead of Apple's does not make future tokens, in seconds. Default 60.
+    public var clockSkewSeconds = 60
+    /// Requests per second allowed per caller uid; 0 turns the limit off. Default 0.
+    public var rateLimitPerSecond = 0.0
+    /// Requests a caller may send in a burst above the rate. Default 100.
+    public var rateLimitBurst = 100.0
+
+    /// Every key the file may hold.
+    static let knownKeys: Set<String> = [
+        "socket_path", "socket_mode", "socket_group", "token_uri", "issuer_id", "keys", "default_key_id",
+        "allowed_uids", "allowed_gids", "session_pool_size", "verify_before_return", "log_level", "http_threads",
+        "max_connections", "max_body_bytes", "max_header_bytes", "idle_timeout_seconds", "request_timeout_seconds",
+        "readiness_cache_seconds", "session_checkout_timeout_ms", "sign_timeout_ms", "clock_skew_seconds",
+        "rate_limit_per_second", "rate_limit_burst",
+    ]
+
+    /// A configuration with only the token URI set.
+    public init(tokenURI: String) {
+        self.tokenURI = tokenURI
+    }
+
+    /// Reads and checks a configuration file.
+    /// - Parameter path: the JSON file.
+    /// - Throws: ``ConfigurationError`` naming the key at fault.
+    public static func load(path: String) throws(ConfigurationError) -> SignerConfiguration {
+        let data: Data
+        do {
+            data = try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            throw ConfigurationError("cannot read the configuration file \(path): \((error as NSError).localizedDescription)")
+        }
+        do {
+            return try parse(Array(data))
+        } catch {
+            throw ConfigurationError("\(path): \(error.message)")
+        }
+    }
+
+    /// Parses and checks configuration JSON.
+    /// - Parameter bytes: the file's contents.
+    /// - Throws: ``ConfigurationError`` naming the key at fault.
+    public static func parse(_ bytes: [UInt8]) throws(ConfigurationError) -> SignerConfiguration {
+        do {
+            return try parseFields(bytes)
+        } catch let error as APIError {
+            switch error.code {
+            case .unknownField:
+                throw ConfigurationError("unknown configuration key \(error.field ?? "?"); known keys: \(knownKeys.sorted().joined(separator: ", "))")
+            case .invalidJSON:
+                throw ConfigurationError("not a JSON object")
+            default:
+                throw ConfigurationError("\(error.field ?? "configuration"): \(error.message)")
+            }
+        } catch let error as ConfigurationError {
+            throw error
+        } catch {
+            throw ConfigurationError("\(error)")
+        }
+    }
+
+    private static func parseFields(_ bytes: [UInt8]) throws -> SignerConfiguration {
+        var reader = try FieldReader(json: bytes)
+        var config = SignerConfiguration(tokenURI: try reader.string("token_uri", "the RFC 7512 PKCS#11 URI of the token"))
+        do {
+            _ = try PKCS11URI(config.tokenURI)
+        } catch {
+            throw ConfigurationError("token_uri: \(error.message)")
+        }
+        if let path = try reader.optionalString("socket_path") {
+            guard path.hasPrefix("/"), path.utf8.count < 108 else {
+                throw ConfigurationError("socket_path must be an absolute path shorter than 108 bytes")
+            }
+            config.socketPath = path
+        }
+        if let mode = try reader.optionalString("socket_mode") {
+            guard let value = UInt32(mode, radix: 8), value <= 0o777 else {
+                throw ConfigurationError("socket_mode must be an octal string such as \"0660\"; got \(mode)")
+            }
+            config.socketMode = value
+        }
+        config.socketGroup = try reader.optionalString("socket_group")
+        if let group = config.socketGroup, UInt32(group) == nil, getgrnam(group) == nil {
+            throw ConfigurationError("socket_group \(group) is not a group on this host")
+        }
+        if let issuer = try reader.optionalString("issuer_id") {
+            config.issuerID = try checkedIssuer(issuer, key: "issuer_id")
+        }
+        config.allowedUIDs = try ids(reader.optionalArray("allowed_uids"), key: "allowed_uids", users: true)
+        config.allowedGIDs = try ids(reader.optionalArray("allowed_gids"), key: "allowed_gids", users: false)
+        for (index, entry) in try (reader.optionalArray("keys") ?? []).enumerated() {
+            guard case .object(let members) = entry else {
+                throw ConfigurationError("keys[\(index)] must be an object with key_id and bundle_ids")
+            }
+            var keyReader = FieldReader(members: members, path: "keys[\(index)].")
+            let keyID = try keyReader.string("key_id")
+            guard KeyID.isValid(keyID) else {
+                throw ConfigurationError("keys[\(index)].key_id must be 10 characters A-Z0-9; got \(keyID)")
+            }
+            var bundles: [String] = []
+            for value in try keyReader.array("bundle_ids") {
+                guard case .string(let bundle) = value else {
+                    throw ConfigurationError("keys[\(index)].bundle_ids must hold strings")
+                }
+                do {
+                    try AppleFields.checkIdentifier(bundle, field: "keys[\(index)].bundle_ids")
+                } catch {
+                    throw ConfigurationError(error.message)
+                }
+                bundles.append(bundle)
+            }
+            guard !bundles.isEmpty else {
+                throw ConfigurationError("keys[\(index)].bundle_ids must name at least one bundle ID")
+            }
+            var key = KeyConfiguration(keyID: keyID, bundleIDs: bundles)
+            if let issuer = try keyReader.optionalString("issuer_id") {
+                key.issuerID = try checkedIssuer(issuer, key: "keys[\(index)].issuer_id")
+            }
+            if let uids = try keyReader.optionalArray("allowed_uids") {
+                key.allowedUIDs = try ids(uids, key: "keys[\(index)].allowed_uids", users: true)
+            }
+            try keyReader.finish()
+            guard !config.keys.contains(where: { $0.keyID == keyID }) else {
+                throw ConfigurationError("keys[\(index)].key_id \(keyID) appears twice")
+            }
+            config.keys.append(key)
+        }
+        if let defaultKey = try reader.optionalString("default_key_id") {
+            guard config.keys.contains(where: { $0.keyID == defaultKey }) else {
+                throw ConfigurationError("default_key_id \(defaultKey) is not one of keys[].key_id")
+            }
+            config.defaultKeyID = defaultKey
+        }
+        config.sessionPoolSize = try integer(&reader, "session_pool_size", config.sessionPoolSize, 1...1024)
+        config.verifyBeforeReturn = try reader.optionalBool("verify_before_return") ?? config.verifyBeforeReturn
+        if let level = try reader.optionalString("log_level") {
+            guard let parsed = LogLevel(rawValue: level) else {
+                throw ConfigurationError("log_level must be one of \(LogLevel.allCases.map(\.rawValue).joined(separator: ", ")); got \(level)")
+            }
+            config.logLevel = parsed
+        }
+        if reader.has("http_threads") {
+            config.httpThreads = try integer(&reader, "http_threads", 4, 1...256)
+        }
+        config.maxConnections = try integer(&reader, "max_connections", config.maxConnections, 1...65_536)
+        config.maxBodyBytes = try integer(&reader, "max_body_bytes", config.maxBodyBytes, 1024...(16 * 1024 * 1024))
+        config.maxHeaderBytes = try integer(&reader, "max_header_bytes", config.maxHeaderBytes, 1024...(1024 * 1024))
+        config.idleTimeoutSeconds = try integer(&reader, "idle_timeout_seconds", config.idleTimeoutSeconds, 1...86_400)
+        config.requestTimeoutSeconds = try integer(&reader, "request_timeout_seconds", config.requestTimeoutSeconds, 1...3600)
+        config.readinessCacheSeconds = Double(try integer(&reader, "readiness_cache_seconds", Int(config.readinessCacheSeconds), 0...3600))
+        config.sessionCheckoutTimeoutMs = try integer(&reader, "session_checkout_timeout_ms", config.sessionCheckoutTimeoutMs, 1...600_000)
+        config.signTimeoutMs = try integer(&reader, "sign_timeout_ms", config.signTimeoutMs, 1...600_000)
+        config.clockSkewSeconds = try integer(&reader, "clock_skew_seconds", config.clockSkewSeconds, 0...600)
+        config.rateLimitPerSecond = Double(try integer(&reader, "rate_limit_per_second", 0, 0...1_000_000))
+        config.rateLimitBurst = Double(try integer(&reader, "rate_limit_burst", Int(config.rateLimitBurst), 1...1_000_000))
+        try reader.finish()
+        return config
+    }
+
+    private static func integer(_ reader: inout FieldReader, _ key: String, _ fallback: Int, _ range: ClosedRange<Int>) throws -> Int {
+        guard let value = try reader.optionalInteger(key) else { return fallback }
+        guard range.contains(Int(value)) else {
+            throw ConfigurationError("\(key) must be between \(range.lowerBound) and \(range.upperBound); got \(value)")
+        }
+        return Int(value)
+    }
+
+    private static func checkedIssuer(_ issuer: String, key: String) throws -> String {
+        do {
+            return try AppleFields.normalizeUUID(issuer, field: key)
+        } catch {
+            throw ConfigurationError("\(key) must be the issuer ID UUID from App Store Connect (Users and Access → Integrations)")
+        }
+    }
+
+    private static func ids(_ values: [JSONValue]?, key: String, users: Bool) throws -> [UInt32] {
+        try (values ?? []).map { value in
+            switch value {
+            case .integer(let number) where number >= 0 && number < Int64(UInt32.max):
+                return UInt32(number)
+            case .string(let name):
+                if users, let entry = getpwnam(name) { return entry.pointee.pw_uid }
+                if !users, let entry = getgrnam(name) { return entry.pointee.gr_gid }
+                throw ConfigurationError("\(key): \(name) is not a \(users ? "user" : "group") on this host")
+            default:
+                throw ConfigurationError("\(key) must hold numeric ids or names")
+            }
+        }
+    }
+
+    /// The HTTP worker thread count in effect.
+    public var effectiveHTTPThreads: Int {
+        httpThreads ?? max(4, 2 * sessionPoolSize)
+    }
+}
+

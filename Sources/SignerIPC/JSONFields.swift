@@ -1,0 +1,252 @@
+import Foundation
+import HSMSigner
+
+/// A JSON value as Foundation's `JSONDecoder` reads it, keeping the
+/// difference between `true` and `1` and between `1` and `1.5`.
+public enum JSONValue: Sendable, Equatable, Decodable {
+    case null
+    case bool(Bool)
+    case integer(Int64)
+    case number(Double)
+    case string(String)
+    case array([JSONValue])
+    case object([String: JSONValue])
+
+    struct AnyKey: CodingKey {
+        var stringValue: String
+        var intValue: Int? { nil }
+        init(stringValue: String) { self.stringValue = stringValue }
+        init?(intValue: Int) { nil }
+    }
+
+    public init(from decoder: any Decoder) throws {
+        if let object = try? decoder.container(keyedBy: AnyKey.self) {
+            var values: [String: JSONValue] = [:]
+            for key in object.allKeys {
+                values[key.stringValue] = try object.decode(JSONValue.self, forKey: key)
+            }
+            self = .object(values)
+            return
+        }
+        if var array = try? decoder.unkeyedContainer() {
+            var values: [JSONValue] = []
+            while !array.isAtEnd {
+                values.append(try array.decode(JSONValue.self))
+            }
+            self = .array(values)
+            return
+        }
+        let single = try decoder.singleValueContainer()
+        if single.decodeNil() {
+            self = .null
+        } else if let text = try? single.decode(String.self) {
+            self = .string(text)
+        } else if let flag = try? single.decode(Bool.self) {
+            self = .bool(flag)
+        } else if let integer = try? single.decode(Int64.self) {
+            self = .integer(integer)
+        } else {
+            self = .number(try single.decode(Double.self))
+        }
+    }
+
+    /// A word for error messages: "a string", "a number", …
+    var kind: String {
+        switch self {
+        case .null: "null"
+        case .bool: "a boolean"
+        case .integer, .number: "a number"
+        case .string: "a string"
+        case .array: "an array"
+        case .object: "an object"
+        }
+    }
+
+    /// Compact JSON text, keys sorted, as JSONSerialization would write it.
+    public var compactJSON: String {
+        var out = ""
+        write(to: &out)
+        return out
+    }
+
+    private func write(to out: inout String) {
+        switch self {
+        case .null: out += "null"
+        case .bool(let flag): out += flag ? "true" : "false"
+        case .integer(let value): out += String(value)
+        case .number(let value): out += value.isFinite ? "\(value)" : "null"
+        case .string(let text): Logger.appendJSONString(text, to: &out)
+        case .array(let values):
+            out += "["
+            for (index, value) in values.enumerated() {
+                if index > 0 { out += "," }
+                value.write(to: &out)
+            }
+            out += "]"
+        case .object(let members):
+            out += "{"
+            for (index, key) in members.keys.sorted().enumerated() {
+                if index > 0 { out += "," }
+                Logger.appendJSONString(key, to: &out)
+                out += ":"
+                members[key]!.write(to: &out)  // key comes from the dictionary
+            }
+            out += "}"
+        }
+    }
+}
+
+/// Reads the members of one JSON object field by field, with the API's
+/// error codes: `invalid_json` (not a JSON object), `missing_field`,
+/// `invalid_field` (wrong type or value) and, from ``finish()``,
+/// `unknown_field` for any member nobody asked for — so a typo such as
+/// `productId` is never silently signed as an empty value.
+public struct FieldReader {
+    private let members: [String: JSONValue]
+    private var consumed: Set<String> = []
+    /// A prefix for field names in errors (`generate_offers[2].`).
+    private let path: String
+
+    /// Parses `body` as one JSON object.
+    /// - Parameter body: UTF-8 JSON bytes.
+    /// - Throws: ``APIError`` `invalid_json`.
+    public init(json body: [UInt8]) throws(APIError) {
+        let value: JSONValue
+        do {
+            value = try JSONDecoder().decode(JSONValue.self, from: Data(body))
+        } catch {
+            throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259); send one JSON object")
+        }
+        guard case .object(let members) = value else {
+            throw APIError(.invalidJSON, "the request body is \(value.kind); send one JSON object")
+        }
+        self.init(members: members, path: "")
+    }
+
+    /// Reads an object nested in another request.
+    /// - Parameters:
+    ///   - members: the object's members.
+    ///   - path: the prefix for field names in errors.
+    public init(members: [String: JSONValue], path: String) {
+        self.members = members
+        self.path = path
+    }
+
+    private mutating func take(_ name: String) -> JSONValue? {
+        consumed.insert(name)
+        guard let value = members[name] else { return nil }
+        if case .null = value { return nil }
+        return value
+    }
+
+    /// A required string.
+    /// - Throws: `missing_field` when absent or null, `invalid_field` when not a string.
+    public mutating func string(_ name: String, _ expectation: String = "") throws(APIError) -> String {
+        guard let value = try optionalString(name) else {
+            throw APIError(.missingField, "\(path)\(name) is required\(expectation.isEmpty ? "" : ": \(expectation)")", field: path + name)
+        }
+        return value
+    }
+
+    /// An optional string (absent and null are the same).
+    /// - Throws: `invalid_field` when present and not a string.
+    public mutating func optionalString(_ name: String) throws(APIError) -> String? {
+        guard let value = take(name) else { return nil }
+        guard case .string(let text) = value else {
+            throw APIError(.invalidField, "\(path)\(name) must be a string; got \(value.kind)", field: path + name)
+        }
+        return text
+    }
+
+    /// An optional integer.
+    /// - Throws: `invalid_field` when present and not an integral JSON number.
+    public mutating func optionalInteger(_ name: String, _ unit: String = "") throws(APIError) -> Int64? {
+        guard let value = take(name) else { return nil }
+        guard case .integer(let number) = value else {
+            let detail = unit.isEmpty ? "an integer" : "an integer (\(unit))"
+            throw APIError(.invalidField, "\(path)\(name) must be \(detail) JSON number; got \(value.kind)", field: path + name)
+        }
+        return number
+    }
+
+    /// A required boolean.
+    /// - Throws: `missing_field`, or `invalid_field` when not `true`/`false`.
+    public mutating func bool(_ name: String) throws(APIError) -> Bool {
+        guard let value = take(name) else {
+            throw APIError(.missingField, "\(path)\(name) is required: true or false", field: path + name)
+        }
+        guard case .bool(let flag) = value else {
+            throw APIError(.invalidField, "\(path)\(name) must be a JSON boolean (true or false); got \(value.kind)", field: path + name)
+        }
+        return flag
+    }
+
+    /// An optional boolean.
+    public mutating func optionalBool(_ name: String) throws(APIError) -> Bool? {
+        guard members[name] != nil, members[name] != .null else {
+            consumed.insert(name)
+            return nil
+        }
+        return try bool(name)
+    }
+
+    /// A required JSON object.
+    /// - Throws: `missing_field`, or `invalid_field` when not an object.
+    public mutating func object(_ name: String) throws(APIError) -> [String: JSONValue] {
+        guard let value = take(name) else {
+            throw APIError(.missingField, "\(path)\(name) is required: a JSON object", field: path + name)
+        }
+        guard case .object(let members) = value else {
+            throw APIError(.invalidField, "\(path)\(name) must be a JSON object; got \(value.kind)", field: path + name)
+        }
+        return members
+    }
+
+    /// A required array.
+    public mutating func array(_ name: String) throws(APIError) -> [JSONValue] {
+        guard let value = take(name) else {
+            throw APIError(.missingField, "\(path)\(name) is required: an array", field: path + name)
+        }
+        guard case .array(let values) = value else {
+            throw APIError(.invalidField, "\(path)\(name) must be an array; got \(value.kind)", field: path + name)
+        }
+        return values
+    }
+
+    /// An optional array of values.
+    public mutating func optionalArray(_ name: String) throws(APIError) -> [JSONValue]? {
+        guard members[name] != nil, members[name] != .null else {
+            consumed.insert(name)
+            return nil
+        }
+        return try array(name)
+    }
+
+    /// Whether the object has a non-null member `name` (does not mark it read).
+    public func has(_ name: String) -> Bool {
+        guard let value = members[name] else { return false }
+        return value != .null
+    }
+
+    /// Marks a member as known but ignored (the RevenueCat SDK's `subscription_group`).
+    public mutating func ignore(_ name: String) {
+        consumed.insert(name)
+    }
+
+    /// Refuses members nobody read.
+    /// - Throws: `unknown_field` naming the first unknown member (sorted).
+    public func finish() throws(APIError) {
+        let unknown = members.keys.filter { !consumed.contains($0) }.sorted()
+        if let first = unknown.first {
+            let expected = consumed.sorted().joined(separator: ", ")
+            throw APIError(.unknownField, "\(path)\(first) is not a field of this request (fields are: \(expected)); check the spelling (snake_case)", field: path + first)
+        }
+    }
+}
+
+extension APIError {
+    /// The API error for a field rule broken in HSMSigner.
+    public init(_ error: FieldError, prefix: String = "") {
+        self.init(Code(rawValue: error.code), error.message, field: prefix + error.field)
+    }
+}

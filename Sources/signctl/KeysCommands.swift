@@ -1,0 +1,156 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+
+func exitCode(for error: HSMError) -> ExitCode {
+    switch error.code {
+    case .keyNotFound, .keyExists, .keyInvalid, .verificationFailed: .dataError
+    case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
+    case .pinRejected: .noPermission
+    case .tokenNotFound, .tokenUnavailable, .sessionUnavailable: .unavailable
+    default: .failure
+    }
+}
+
+func hint(for error: HSMError) -> String? {
+    switch error.code {
+    case .keyExists: "pass --replace to replace the key on the token"
+    case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
+    case .tokenNotFound: "check token= in token_uri; list tokens with: p11-kit list-modules (or softhsm2-util --show-slots)"
+    case .pinSourceInsecure: "chmod 0600 the PIN file"
+    default: nil
+    }
+}
+
+/// Opens the token of the configuration; signctl logs only warnings and worse.
+func openToken(configPath: String) throws -> HSMToken {
+    let config = try loadConfiguration(configPath)
+    var options = TokenOptions()
+    options.sessionPoolSize = 2
+    options.logger = Logger(minimumLevel: .warning)
+    return try HSMToken(uri: PKCS11URI(config.tokenURI), options: options)
+}
+
+func tokenInit(_ words: [String]) throws -> ExitCode {
+    let arguments = try Arguments(words, options: ["label", "pin-file", "so-pin-file", "module"], flags: [])
+    if arguments.flag("help") {
+        print("usage: signctl token init --label LABEL --pin-file F --so-pin-file F [--module PATH]\n\nInitializes a free token (SoftHSM) and sets its PINs, read from files (mode 0600).\nIdempotent: an initialized token with the label is left alone.")
+        return .success
+    }
+    _ = try arguments.positionals(0, "")
+    let label = try arguments.required("label")
+    let module = arguments.options["module"] ?? "/usr/lib/softhsm/libsofthsm2.so"
+    let outcome = try TokenAdministration.initializeToken(
+        modulePath: module, label: label,
+        soPIN: TokenAdministration.readPINFile(try arguments.required("so-pin-file")),
+        userPIN: TokenAdministration.readPINFile(try arguments.required("pin-file")))
+    switch outcome {
+    case .initialized(let serial): print("initialized token \(label) (serial \(serial))")
+    case .alreadyInitialized(let serial): print("token \(label) already initialized (serial \(serial)); left unchanged")
+    }
+    return .success
+}
+
+func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
+    let arguments = try Arguments(words, options: ["key-id"], flags: ["replace", "json"])
+    if arguments.flag("help") {
+        print("usage: signctl keys import [--key-id ID] [--replace] [--json] FILE.p8\n\nThe key ID comes from an AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8 file name unless given.")
+        return .success
+    }
+    let path = try arguments.positionals(1, "the key file (FILE.p8)")[0]
+    guard let keyID = arguments.options["key-id"] ?? ECPrivateKeyMaterial.keyID(fromFileName: path) else {
+        throw UsageError("cannot tell the key ID from the file name \(path)", hint: "pass --key-id ID (10 characters A-Z0-9, as App Store Connect shows it)")
+    }
+    guard KeyID.isValid(keyID) else {
+        throw UsageError("--key-id must be 10 characters A-Z0-9; got \(keyID)")
+    }
+    let material = try ECPrivateKeyMaterial(contentsOf: path)
+    let token = try openToken(configPath: configPath)
+    defer { token.close() }
+    let result = try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"))
+    if arguments.flag("json") {
+        printJSON(["key_id": result.keyID, "fingerprint": result.publicKey.fingerprint, "replaced": String(result.replaced), "token_label": token.label])
+    } else {
+        print("imported \(result.keyID) into token \(token.label)\(result.replaced ? " (replaced the old key)" : ""): non-extractable, self-test signature verified")
+        print("public key SHA-256 fingerprint: \(result.publicKey.fingerprint)")
+        print("the .p8 file is no longer needed on this host; keep the original offline")
+    }
+    return .success
+}
+
+struct KeyListEntry: Encodable {
+    let key_id: String
+    let label: String
+    let curve: String?
+    let public_key_object: Bool
+    let extractable: Bool?
+    let sensitive: Bool?
+    let fingerprint: String?
+}
+
+func keysList(_ words: [String], configPath: String) throws -> ExitCode {
+    let arguments = try Arguments(words, options: [], flags: ["json"])
+    if arguments.flag("help") {
+        print("usage: signctl keys list [--json]")
+        return .success
+    }
+    _ = try arguments.positionals(0, "")
+    let token = try openToken(configPath: configPath)
+    defer { token.close() }
+    let keys = try token.listKeys()
+    if arguments.flag("json") {
+        printJSON(keys.map {
+            KeyListEntry(key_id: $0.keyID, label: $0.label, curve: $0.curve?.rawValue, public_key_object: $0.hasPublicKey,
+                         extractable: $0.extractable, sensitive: $0.sensitive, fingerprint: $0.fingerprint)
+        })
+        return .success
+    }
+    if keys.isEmpty {
+        print("no keys on token \(token.label)")
+        return .success
+    }
+    func flag(_ value: Bool?) -> String { value.map { $0 ? "true" : "false" } ?? "?" }
+    print("KEY ID      CURVE  PUBLIC  EXTRACTABLE  SENSITIVE  SHA-256 FINGERPRINT")
+    for key in keys {
+        let columns = [
+            key.keyID.padding(toLength: 10, withPad: " ", startingAt: 0),
+            (key.curve?.rawValue ?? "?").padding(toLength: 5, withPad: " ", startingAt: 0),
+            (key.hasPublicKey ? "yes" : "no").padding(toLength: 6, withPad: " ", startingAt: 0),
+            flag(key.extractable).padding(toLength: 11, withPad: " ", startingAt: 0),
+            flag(key.sensitive).padding(toLength: 9, withPad: " ", startingAt: 0),
+            key.fingerprint ?? "-",
+        ]
+        print(columns.joined(separator: "  "))
+    }
+    return .success
+}
+
+func keysExportPublic(_ words: [String], configPath: String) throws -> ExitCode {
+    let arguments = try Arguments(words, options: [], flags: [])
+    if arguments.flag("help") {
+        print("usage: signctl keys export-public KEY_ID\n\nWrites the PEM SubjectPublicKeyInfo to stdout, byte-identical to `openssl ec -in FILE.p8 -pubout`.")
+        return .success
+    }
+    let keyID = try arguments.positionals(1, "KEY_ID")[0]
+    let token = try openToken(configPath: configPath)
+    defer { token.close() }
+    FileHandle.standardOutput.write(Data(try token.publicKey(keyID: keyID).pem.utf8))
+    return .success
+}
+
+func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
+    let arguments = try Arguments(words, options: [], flags: ["yes"])
+    if arguments.flag("help") {
+        print("usage: signctl keys delete KEY_ID --yes\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.")
+        return .success
+    }
+    let keyID = try arguments.positionals(1, "KEY_ID")[0]
+    guard arguments.flag("yes") else {
+        throw UsageError("deleting \(keyID) cannot be undone", hint: "add --yes to confirm")
+    }
+    let token = try openToken(configPath: configPath)
+    defer { token.close() }
+    let removed = try token.deleteKey(keyID: keyID)
+    print("deleted \(keyID) from token \(token.label) (\(removed) objects)")
+    return .success
+}

@@ -1,0 +1,132 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import Testing
+
+@Suite("Configuration file")
+struct ConfigurationTests {
+    static let uri = "pkcs11:token=signer?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/etc/signerd/pin"
+
+    func parse(_ json: String) throws(ConfigurationError) -> SignerConfiguration {
+        try SignerConfiguration.parse(Array(json.utf8))
+    }
+
+    @Test("a full configuration parses with its values")
+    func full() throws {
+        let config = try parse("""
+        {"socket_path": "/tmp/s.sock", "socket_mode": "0600", "token_uri": "\(Self.uri)",
+         "issuer_id": "57246542-96FE-1A63-E053-0824D011072A",
+         "keys": [{"key_id": "ABC123DEFG", "bundle_ids": ["com.example.app"], "allowed_uids": [1000]},
+                  {"key_id": "XYZ987WVUT", "bundle_ids": ["com.example.app", "com.example.other"], "issuer_id": "00000000-0000-4000-8000-000000000000"}],
+         "default_key_id": "ABC123DEFG", "allowed_uids": [33, "root"], "allowed_gids": [0],
+         "session_pool_size": 4, "verify_before_return": false, "log_level": "debug", "sign_timeout_ms": 250}
+        """)
+        #expect(config.socketPath == "/tmp/s.sock")
+        #expect(config.socketMode == 0o600)
+        #expect(config.issuerID == "57246542-96fe-1a63-e053-0824d011072a")
+        #expect(config.keys.count == 2)
+        #expect(config.keys[0].allowedUIDs == [1000])
+        #expect(config.keys[1].bundleIDs == ["com.example.app", "com.example.other"])
+        #expect(config.defaultKeyID == "ABC123DEFG")
+        #expect(config.allowedUIDs == [33, 0])
+        #expect(config.sessionPoolSize == 4)
+        #expect(config.verifyBeforeReturn == false)
+        #expect(config.logLevel == .debug)
+        #expect(config.signTimeoutMs == 250)
+        #expect(config.maxBodyBytes == 65536)
+        #expect(config.requestTimeoutSeconds == 10)
+        #expect(config.idleTimeoutSeconds == 60)
+        #expect(config.maxConnections == 1024)
+    }
+
+    @Test("bad configurations are refused with the key named", arguments: [
+        ("{}", "token_uri"),
+        ("{\"token_uri\": \"\(uri)\", \"socket_pth\": \"/x\"}", "socket_pth"),
+        ("{\"token_uri\": \"pkcs11:token=a\"}", "token_uri"),
+        ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"rw\"}", "socket_mode"),
+        ("{\"token_uri\": \"\(uri)\", \"socket_path\": \"relative.sock\"}", "socket_path"),
+        ("{\"token_uri\": \"\(uri)\", \"session_pool_size\": 0}", "session_pool_size"),
+        ("{\"token_uri\": \"\(uri)\", \"session_pool_size\": \"8\"}", "session_pool_size"),
+        ("{\"token_uri\": \"\(uri)\", \"keys\": [{\"key_id\": \"short\", \"bundle_ids\": [\"a\"]}]}", "keys[0].key_id"),
+        ("{\"token_uri\": \"\(uri)\", \"keys\": [{\"key_id\": \"ABC123DEFG\", \"bundle_ids\": []}]}", "keys[0].bundle_ids"),
+        ("{\"token_uri\": \"\(uri)\", \"keys\": [{\"key_id\": \"ABC123DEFG\", \"bundle_ids\": [\"a\"], \"bundle\": 1}]}", "keys[0].bundle"),
+        ("{\"token_uri\": \"\(uri)\", \"default_key_id\": \"ABC123DEFG\"}", "default_key_id"),
+        ("{\"token_uri\": \"\(uri)\", \"issuer_id\": \"not-a-uuid\"}", "issuer_id"),
+        ("{\"token_uri\": \"\(uri)\", \"log_level\": \"loud\"}", "log_level"),
+        ("{\"token_uri\": \"\(uri)\", \"allowed_uids\": [\"no-such-user-xyz\"]}", "allowed_uids"),
+        ("{\"token_uri\": \"\(uri)\", \"verify_before_return\": 1}", "verify_before_return"),
+        ("[1, 2]", "JSON object"),
+    ])
+    func refused(_ json: String, _ key: String) throws {
+        let error = #expect(throws: ConfigurationError.self) { try parse(json) }
+        #expect(error?.message.contains(key) == true, "\(error?.message ?? "no error")")
+    }
+}
+
+@Suite("Command-line arguments")
+struct ArgumentsTests {
+    @Test("options, flags, = form, -- and positionals")
+    func parse() throws {
+        let arguments = try Arguments(["--key-id", "ABC", "file.p8", "--replace", "--json", "--x=1", "--", "--literal"],
+                                      options: ["key-id", "x"], flags: ["replace", "json"])
+        #expect(arguments.options == ["key-id": "ABC", "x": "1"])
+        #expect(arguments.flags == ["replace", "json"])
+        #expect(arguments.positionals == ["file.p8", "--literal"])
+    }
+
+    @Test("usage errors name the option", arguments: [
+        (["--nope"], "--nope"), (["--key-id"], "--key-id"), (["--json=1"], "--json"), (["--key-id", "a", "--key-id", "b"], "twice"), (["-x"], "-x"),
+    ])
+    func errors(_ words: [String], _ expected: String) throws {
+        let error = #expect(throws: UsageError.self) { try Arguments(words, options: ["key-id"], flags: ["json"]) }
+        #expect(error?.message.contains(expected) == true)
+    }
+
+    @Test("integers are range-checked")
+    func integers() throws {
+        let arguments = try Arguments(["--concurrency", "0"], options: ["concurrency"], flags: [])
+        #expect(throws: UsageError.self) { try arguments.integer("concurrency", default: 8, in: 1...1024) }
+        #expect(try Arguments([], options: ["concurrency"], flags: []).integer("concurrency", default: 8, in: 1...1024) == 8)
+    }
+}
+
+@Suite("Request field reader")
+struct FieldReaderTests {
+    @Test("types are checked by name, unknown fields refused, null means absent")
+    func reader() throws {
+        var reader = try FieldReader(json: Array(#"{"a": "x", "n": 12, "b": true, "z": null, "o": {"k": 1}}"#.utf8))
+        #expect(try reader.string("a") == "x")
+        #expect(try reader.optionalInteger("n") == 12)
+        #expect(try reader.bool("b") == true)
+        #expect(try reader.optionalString("z") == nil)
+        #expect(try reader.object("o") == ["k": .integer(1)])
+        try reader.finish()
+
+        var typo = try FieldReader(json: Array(#"{"productId": "x"}"#.utf8))
+        let missing = #expect(throws: APIError.self) { try typo.string("product_id") }
+        #expect(missing?.code == .missingField)
+        #expect(missing?.field == "product_id")
+        let unknown = #expect(throws: APIError.self) { try typo.finish() }
+        #expect(unknown?.code == .unknownField)
+        #expect(unknown?.field == "productId")
+        #expect(unknown?.status == 400)
+
+        var wrong = try FieldReader(json: Array(#"{"timestamp": "1790800914034", "flag": 1, "n": 1.5}"#.utf8))
+        #expect((#expect(throws: APIError.self) { try wrong.optionalInteger("timestamp") })?.field == "timestamp")
+        #expect((#expect(throws: APIError.self) { try wrong.bool("flag") })?.code == .invalidField)
+        #expect((#expect(throws: APIError.self) { try wrong.optionalInteger("n") })?.code == .invalidField)
+    }
+
+    @Test("non-objects and broken JSON are invalid_json", arguments: ["", "{", "[1]", "\"s\"", "{\"a\":}", "nul"])
+    func invalidJSON(_ text: String) throws {
+        let error = #expect(throws: APIError.self) { try FieldReader(json: Array(text.utf8)) }
+        #expect(error?.code == .invalidJSON)
+    }
+
+    @Test("error bodies have the contract's shape")
+    func errorBody() throws {
+        let body = APIError(.invalidField, "timestamp must be \"ms\"", field: "timestamp").jsonBody
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(body.utf8)) as? [String: [String: String]])
+        #expect(object["error"] == ["code": "invalid_field", "message": "timestamp must be \"ms\"", "field": "timestamp"])
+    }
+}
