@@ -93,12 +93,18 @@ struct MHD_Daemon *CSignerShim_mhd_start(const CSignerShim_mhd_options *o) {
     if (o->uri_log_callback != NULL) {
         items[i++] = (struct MHD_OptionItem){MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)o->uri_log_callback, o->uri_log_context};
     }
-    if (logger != NULL) {
-        items[i++] = (struct MHD_OptionItem){MHD_OPTION_EXTERNAL_LOGGER, (intptr_t)shim_mhd_log, logger};
-    }
     items[i++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
+    if (logger == NULL) {
+        return MHD_start_daemon(o->flags, 0, NULL, NULL,
+                                o->access_handler, o->access_context,
+                                MHD_OPTION_ARRAY, items,
+                                MHD_OPTION_END);
+    }
+    // The logger must be the first option so that messages about the
+    // others reach it.
     return MHD_start_daemon(o->flags, 0, NULL, NULL,
                             o->access_handler, o->access_context,
+                            MHD_OPTION_EXTERNAL_LOGGER, shim_mhd_log, logger,
                             MHD_OPTION_ARRAY, items,
                             MHD_OPTION_END);
 }
@@ -107,6 +113,12 @@ int CSignerShim_mhd_connection_fd(struct MHD_Connection *connection) {
     const union MHD_ConnectionInfo *info =
         MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
     return info == NULL ? -1 : info->connect_fd;
+}
+
+void *CSignerShim_mhd_socket_context(struct MHD_Connection *connection) {
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info == NULL ? NULL : info->socket_context;
 }
 
 EVP_PKEY *CSignerShim_ec_generate(const char *curve) {

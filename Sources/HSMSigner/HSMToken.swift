@@ -298,8 +298,11 @@ public final class HSMToken: @unchecked Sendable {
         return found
     }
 
-    /// Forgets the cached handle of `keyID` (or every key).
-    func forgetKey(_ keyID: String?) {
+    /// Forgets the cached handle and public key of `keyID` (or of every key
+    /// when nil), so the next use looks the objects up again on the token
+    /// (after a reload or an import by another process).
+    /// - Parameter keyID: the key, or nil for all.
+    public func forgetKey(_ keyID: String?) {
         state.withLock { state in
             if let keyID { state.keys[keyID] = nil } else { state.keys.removeAll() }
         }
@@ -427,7 +430,7 @@ public final class HSMToken: @unchecked Sendable {
                 pool.discard(lease)
             }
             let failure = HSMError(pkcs11: function, rv, message: "cannot sign with key \(keyID)", tokenLabel: label, keyID: keyID)
-            logger.warning("sign_failed", ["key.id": .string(keyID), "p11.function": .string(function.rawValue), "p11.rv": .string(rv.name)])
+            logger.debug("sign_failed", ["key.id": .string(keyID), "p11.function": .string(function.rawValue), "p11.rv": .string(rv.name)])
             switch rv {
             case _ where PKCS11ReturnValue.sessionFailures.contains(rv) && sessionRetries < 2:
                 sessionRetries += 1

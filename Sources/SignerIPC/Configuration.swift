@@ -143,7 +143,7 @@ public struct SignerConfiguration: Sendable, Equatable {
     }
 
     private static func parseFields(_ bytes: [UInt8]) throws -> SignerConfiguration {
-        var reader = try FieldReader(json: bytes)
+        var reader = try FieldReader(json: bytes, allowed: knownKeys)
         var config = SignerConfiguration(tokenURI: try reader.string("token_uri", "the RFC 7512 PKCS#11 URI of the token"))
         do {
             _ = try PKCS11URI(config.tokenURI)
@@ -175,7 +175,7 @@ public struct SignerConfiguration: Sendable, Equatable {
             guard case .object(let members) = entry else {
                 throw ConfigurationError("keys[\(index)] must be an object with key_id and bundle_ids")
             }
-            var keyReader = FieldReader(members: members, path: "keys[\(index)].")
+            var keyReader = try FieldReader(members: members, path: "keys[\(index)].", allowed: ["key_id", "bundle_ids", "issuer_id", "allowed_uids"])
             let keyID = try keyReader.string("key_id")
             guard KeyID.isValid(keyID) else {
                 throw ConfigurationError("keys[\(index)].key_id must be 10 characters A-Z0-9; got \(keyID)")

@@ -107,10 +107,12 @@ public struct FieldReader {
     /// A prefix for field names in errors (`generate_offers[2].`).
     private let path: String
 
-    /// Parses `body` as one JSON object.
-    /// - Parameter body: UTF-8 JSON bytes.
-    /// - Throws: ``APIError`` `invalid_json`.
-    public init(json body: [UInt8]) throws(APIError) {
+    /// Parses `body` as one JSON object whose members must all be in `allowed`.
+    /// - Parameters:
+    ///   - body: UTF-8 JSON bytes.
+    ///   - allowed: the field names the request may carry.
+    /// - Throws: ``APIError`` `invalid_json`, or `unknown_field` naming the first unknown member.
+    public init(json body: [UInt8], allowed: Set<String>) throws(APIError) {
         let value: JSONValue
         do {
             value = try JSONDecoder().decode(JSONValue.self, from: Data(body))
@@ -120,16 +122,22 @@ public struct FieldReader {
         guard case .object(let members) = value else {
             throw APIError(.invalidJSON, "the request body is \(value.kind); send one JSON object")
         }
-        self.init(members: members, path: "")
+        try self.init(members: members, path: "", allowed: allowed)
     }
 
     /// Reads an object nested in another request.
     /// - Parameters:
     ///   - members: the object's members.
     ///   - path: the prefix for field names in errors.
-    public init(members: [String: JSONValue], path: String) {
+    ///   - allowed: the field names the object may carry.
+    /// - Throws: `unknown_field` naming the first unknown member (sorted).
+    public init(members: [String: JSONValue], path: String, allowed: Set<String>) throws(APIError) {
         self.members = members
         self.path = path
+        let unknown = members.keys.filter { !allowed.contains($0) }.sorted()
+        if let first = unknown.first {
+            throw APIError(.unknownField, "\(path)\(first) is not a field of this request (fields are: \(allowed.sorted().joined(separator: ", "))); check the spelling (snake_case)", field: path + first)
+        }
     }
 
     private mutating func take(_ name: String) -> JSONValue? {
@@ -233,8 +241,8 @@ public struct FieldReader {
         consumed.insert(name)
     }
 
-    /// Refuses members nobody read.
-    /// - Throws: `unknown_field` naming the first unknown member (sorted).
+    /// Refuses members nobody read (a safety net behind `allowed`).
+    /// - Throws: `unknown_field` naming the first unread member (sorted).
     public func finish() throws(APIError) {
         let unknown = members.keys.filter { !consumed.contains($0) }.sorted()
         if let first = unknown.first {

@@ -1,1 +1,137 @@
-print("x")
+// signerd: serves signatures made with App Store In-App Purchase keys held in
+// a PKCS#11 token, over HTTP/1.1 on a Unix socket. Runs in the foreground and
+// logs JSON lines to stderr. SIGTERM/SIGINT: drain and exit 0. SIGHUP: reload.
+import Foundation
+import HSMSigner
+import SignerIPC
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+let usage = """
+usage: signerd [--config FILE] [--check-config]
+
+  --config FILE    configuration (default \(SignerConfiguration.defaultPath))
+  --check-config   check the configuration file and exit (0 valid, 78 invalid)
+  -h, --help       this help
+
+Signals: SIGTERM/SIGINT stop accepting, finish requests in flight, exit 0;
+SIGHUP reloads the configuration (a bad one is refused, the old one stays).
+Exit codes: 0 ok, 64 usage, 69 token or socket unavailable, 77 PIN refused, 78 configuration.
+"""
+
+func fail(_ code: ExitCode, _ message: String, logger: Logger? = nil, _ metadata: KeyValuePairs<String, LogValue> = [:]) -> Never {
+    if let logger {
+        logger.critical(message, metadata)
+    } else {
+        FileHandle.standardError.write(Data("error: \(message)\n".utf8))
+    }
+    exit(code.rawValue)
+}
+
+let handledSignals = [SIGTERM, SIGINT, SIGHUP]
+ProcessControl.blockSignals(handledSignals)
+ProcessControl.disableCoreDumps()
+
+let arguments: Arguments
+do {
+    arguments = try Arguments(Array(CommandLine.arguments.dropFirst()), options: ["config"], flags: ["check-config"])
+    _ = try arguments.positionals(0, "")
+} catch {
+    FileHandle.standardError.write(Data("error: \(error.message)\nhint: \(error.hint)\n".utf8))
+    exit(ExitCode.usage.rawValue)
+}
+if arguments.flag("help") {
+    print(usage)
+    exit(0)
+}
+let configPath = arguments.options["config"] ?? SignerConfiguration.defaultPath
+
+var configuration: SignerConfiguration
+do {
+    configuration = try SignerConfiguration.load(path: configPath)
+} catch {
+    fail(.config, "config_invalid", logger: Logger(), ["config.path": .string(configPath), "error": .string(error.message)])
+}
+if arguments.flag("check-config") {
+    print("configuration \(configPath) is valid")
+    exit(0)
+}
+let logger = Logger(minimumLevel: configuration.logLevel)
+ProcessControl.raiseOpenFileLimit(to: 2 * configuration.maxConnections + 64)
+
+var tokenOptions = TokenOptions()
+tokenOptions.sessionPoolSize = configuration.sessionPoolSize
+tokenOptions.sessionCheckoutTimeout = Double(configuration.sessionCheckoutTimeoutMs) / 1000
+tokenOptions.logger = logger
+let token: HSMToken
+do {
+    token = try HSMToken(uri: PKCS11URI(configuration.tokenURI), options: tokenOptions)
+} catch {
+    let code: ExitCode = switch error.code {
+    case .pinRejected: .noPermission
+    case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
+    default: .unavailable
+    }
+    fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(error.returnValue?.name ?? "")])
+}
+for key in configuration.keys {
+    do {
+        _ = try token.publicKey(keyID: key.keyID)
+    } catch {
+        logger.error("key_unusable", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue), "hint": "import it with signctl keys import; /readyz reports it until then"])
+    }
+}
+
+let metrics = Metrics()
+let service = SignerService(configuration: configuration, token: token, logger: logger, metrics: metrics)
+let listener: Int32
+do {
+    listener = try UnixListener.bind(path: configuration.socketPath, mode: configuration.socketMode, group: configuration.socketGroup)
+} catch {
+    fail(.unavailable, "socket_bind_failed", logger: logger, ["socket.path": .string(configuration.socketPath), "error": .string(error.message)])
+}
+var serverOptions = HTTPServerOptions()
+serverOptions.threads = configuration.effectiveHTTPThreads
+serverOptions.connectionLimit = configuration.maxConnections
+serverOptions.idleTimeoutSeconds = configuration.idleTimeoutSeconds
+serverOptions.requestTimeoutSeconds = Double(configuration.requestTimeoutSeconds)
+serverOptions.maxBodyBytes = configuration.maxBodyBytes
+serverOptions.maxHeaderBytes = configuration.maxHeaderBytes
+let server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: metrics)
+do {
+    try server.start()
+} catch {
+    unlink(configuration.socketPath)
+    fail(.unavailable, "http_start_failed", logger: logger, ["error": .string(error.message)])
+}
+logger.notice("signerd_ready", [
+    "socket.path": .string(configuration.socketPath), "token.label": .string(token.label),
+    "keys": .int(Int64(configuration.keys.count)), "http.threads": .int(Int64(serverOptions.threads)),
+    "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())),
+])
+
+while true {
+    let received = ProcessControl.waitForSignal(handledSignals)
+    if received == SIGHUP {
+        logger.info("reload_requested", ["config.path": .string(configPath)])
+        do {
+            let fresh = try SignerConfiguration.load(path: configPath)
+            try service.reload(fresh)
+            logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count))])
+        } catch {
+            logger.error("config_reload_refused", ["error": .string("\(error)"), "hint": "the previous configuration stays in effect"])
+        }
+        continue
+    }
+    logger.notice("shutdown_requested", ["signal": .int(Int64(received))])
+    let listening = server.stopAccepting()
+    unlink(configuration.socketPath)
+    if listening >= 0 { close(listening) }
+    let drained = server.waitForRequestsInProgress(seconds: 10)
+    server.stop()
+    token.close()
+    logger.notice("signerd_stopped", ["drained": .bool(drained)])
+    exit(0)
+}

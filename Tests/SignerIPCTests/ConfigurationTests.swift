@@ -94,7 +94,7 @@ struct ArgumentsTests {
 struct FieldReaderTests {
     @Test("types are checked by name, unknown fields refused, null means absent")
     func reader() throws {
-        var reader = try FieldReader(json: Array(#"{"a": "x", "n": 12, "b": true, "z": null, "o": {"k": 1}}"#.utf8))
+        var reader = try FieldReader(json: Array(#"{"a": "x", "n": 12, "b": true, "z": null, "o": {"k": 1}}"#.utf8), allowed: ["a", "n", "b", "z", "o"])
         #expect(try reader.string("a") == "x")
         #expect(try reader.optionalInteger("n") == 12)
         #expect(try reader.bool("b") == true)
@@ -102,16 +102,17 @@ struct FieldReaderTests {
         #expect(try reader.object("o") == ["k": .integer(1)])
         try reader.finish()
 
-        var typo = try FieldReader(json: Array(#"{"productId": "x"}"#.utf8))
-        let missing = #expect(throws: APIError.self) { try typo.string("product_id") }
-        #expect(missing?.code == .missingField)
-        #expect(missing?.field == "product_id")
-        let unknown = #expect(throws: APIError.self) { try typo.finish() }
+        let unknown = #expect(throws: APIError.self) { try FieldReader(json: Array(#"{"productId": "x"}"#.utf8), allowed: ["product_id"]) }
         #expect(unknown?.code == .unknownField)
         #expect(unknown?.field == "productId")
         #expect(unknown?.status == 400)
 
-        var wrong = try FieldReader(json: Array(#"{"timestamp": "1790800914034", "flag": 1, "n": 1.5}"#.utf8))
+        var missing = try FieldReader(json: Array("{}".utf8), allowed: ["product_id"])
+        let absent = #expect(throws: APIError.self) { try missing.string("product_id") }
+        #expect(absent?.code == .missingField)
+        #expect(absent?.field == "product_id")
+
+        var wrong = try FieldReader(json: Array(#"{"timestamp": "1790800914034", "flag": 1, "n": 1.5}"#.utf8), allowed: ["timestamp", "flag", "n"])
         #expect((#expect(throws: APIError.self) { try wrong.optionalInteger("timestamp") })?.field == "timestamp")
         #expect((#expect(throws: APIError.self) { try wrong.bool("flag") })?.code == .invalidField)
         #expect((#expect(throws: APIError.self) { try wrong.optionalInteger("n") })?.code == .invalidField)
@@ -119,7 +120,7 @@ struct FieldReaderTests {
 
     @Test("non-objects and broken JSON are invalid_json", arguments: ["", "{", "[1]", "\"s\"", "{\"a\":}", "nul"])
     func invalidJSON(_ text: String) throws {
-        let error = #expect(throws: APIError.self) { try FieldReader(json: Array(text.utf8)) }
+        let error = #expect(throws: APIError.self) { try FieldReader(json: Array(text.utf8), allowed: []) }
         #expect(error?.code == .invalidJSON)
     }
 

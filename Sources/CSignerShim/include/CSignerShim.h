@@ -53,6 +53,10 @@ struct MHD_Daemon *CSignerShim_mhd_start(const CSignerShim_mhd_options *options)
 /// (`MHD_get_connection_info(MHD_CONNECTION_INFO_CONNECTION_FD)`).
 int CSignerShim_mhd_connection_fd(struct MHD_Connection *connection);
 
+/// The socket context set in the connection-started notification, or NULL
+/// (`MHD_get_connection_info(MHD_CONNECTION_INFO_SOCKET_CONTEXT)`, variadic).
+void *CSignerShim_mhd_socket_context(struct MHD_Connection *connection);
+
 /// `EVP_EC_gen(curve)` (a macro over the variadic `EVP_PKEY_Q_keygen`).
 EVP_PKEY *CSignerShim_ec_generate(const char *curve);
 

@@ -1,0 +1,122 @@
+import HSMSigner
+import Synchronization
+
+/// A Prometheus histogram with fixed upper bounds, in seconds.
+final class Histogram: Sendable {
+    /// Upper bounds in seconds, ascending.
+    let bounds: [Double]
+    private let state: Mutex<(counts: [UInt64], sum: Double, count: UInt64)>
+
+    init(bounds: [Double]) {
+        self.bounds = bounds
+        state = Mutex(([UInt64](repeating: 0, count: bounds.count), 0, 0))
+    }
+
+    /// Records one observation.
+    /// - Parameter nanoseconds: the duration.
+    func observe(nanoseconds: UInt64) {
+        let seconds = Double(nanoseconds) / 1e9
+        state.withLock { state in
+            if let index = bounds.firstIndex(where: { seconds <= $0 }) {
+                state.counts[index] += 1
+            }
+            state.sum += seconds
+            state.count += 1
+        }
+    }
+
+    func render(name: String, into out: inout String) {
+        let (counts, sum, count) = state.withLock { ($0.counts, $0.sum, $0.count) }
+        var cumulative: UInt64 = 0
+        for (bound, bucket) in zip(bounds, counts) {
+            cumulative += bucket
+            out += "\(name)_bucket{le=\"\(bound)\"} \(cumulative)\n"
+        }
+        out += "\(name)_bucket{le=\"+Inf\"} \(count)\n"
+        out += "\(name)_sum \(sum)\n"
+        out += "\(name)_count \(count)\n"
+    }
+}
+
+/// The daemon's counters, rendered as Prometheus text format 0.0.4 by
+/// ``render(token:keys:)``.
+public final class Metrics: Sendable {
+    private let requests = Mutex<[String: UInt64]>([:])
+    private let hsmErrors = Mutex<[String: UInt64]>([:])
+    private let events = Mutex<[String: UInt64]>([:])
+    private static let latencyBounds = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
+    let queueTime = Histogram(bounds: latencyBounds)
+    let hsmTime = Histogram(bounds: latencyBounds)
+
+    /// Makes empty metrics.
+    public init() {}
+
+    /// Counts one finished request.
+    /// - Parameters:
+    ///   - endpoint: the route (`/v1/sign/promotional-offer`, or `other` for unknown paths).
+    ///   - status: the HTTP status sent.
+    public func countRequest(endpoint: String, status: Int) {
+        requests.withLock { $0["endpoint=\"\(endpoint)\",status=\"\(status)\"", default: 0] += 1 }
+    }
+
+    /// Counts a PKCS#11 failure by its `CKR_*` name (or error code when no `CK_RV` applies).
+    public func countHSMError(_ name: String) {
+        hsmErrors.withLock { $0[name, default: 0] += 1 }
+    }
+
+    /// Counts a named event: `verification_failures`, `forbidden`, `rate_limited`, `dropped_slow_requests`.
+    public func count(_ event: String) {
+        events.withLock { $0[event, default: 0] += 1 }
+    }
+
+    /// The value of a named event counter, for tests and logs.
+    public func value(_ event: String) -> UInt64 {
+        events.withLock { $0[event] ?? 0 }
+    }
+
+    /// Records where a signature's time went.
+    public func observe(_ signature: TokenSignature) {
+        queueTime.observe(nanoseconds: signature.queueNanoseconds)
+        hsmTime.observe(nanoseconds: signature.hsmNanoseconds)
+    }
+
+    /// Prometheus text format 0.0.4.
+    /// - Parameters:
+    ///   - token: the token whose sessions and status are reported.
+    ///   - keys: how many configured keys are usable.
+    public func render(token: HSMToken?, keys: Int) -> String {
+        var out = ""
+        out += "# HELP signerd_requests_total HTTP requests by endpoint and status.\n# TYPE signerd_requests_total counter\n"
+        for (labels, value) in requests.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
+            out += "signerd_requests_total{\(labels)} \(value)\n"
+        }
+        out += "# HELP signerd_sign_queue_seconds Time a signature waited for a free PKCS#11 session.\n# TYPE signerd_sign_queue_seconds histogram\n"
+        queueTime.render(name: "signerd_sign_queue_seconds", into: &out)
+        out += "# HELP signerd_sign_hsm_seconds Time spent in C_SignInit and C_Sign.\n# TYPE signerd_sign_hsm_seconds histogram\n"
+        hsmTime.render(name: "signerd_sign_hsm_seconds", into: &out)
+        out += "# HELP signerd_hsm_errors_total PKCS#11 failures by CKR_* name.\n# TYPE signerd_hsm_errors_total counter\n"
+        for (name, value) in hsmErrors.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
+            out += "signerd_hsm_errors_total{rv=\"\(name)\"} \(value)\n"
+        }
+        let eventHelp = [
+            "verification_failures": "Signatures that did not verify with the key's public key and were not returned.",
+            "forbidden": "Requests refused because the peer's uid/gid is not allowed.",
+            "rate_limited": "Requests refused by the per-uid rate limit.",
+            "dropped_slow_requests": "Connections dropped because a request took longer than request_timeout_seconds to arrive.",
+        ]
+        let counted = events.withLock { $0 }
+        for (event, help) in eventHelp.sorted(by: { $0.key < $1.key }) {
+            out += "# HELP signerd_\(event)_total \(help)\n# TYPE signerd_\(event)_total counter\n"
+            out += "signerd_\(event)_total \(counted[event] ?? 0)\n"
+        }
+        let usage: (inUse: Int, idle: Int, waiting: Int) = token?.sessionUsage ?? (0, 0, 0)
+        out += "# HELP signerd_sessions PKCS#11 sessions in the pool.\n# TYPE signerd_sessions gauge\n"
+        out += "signerd_sessions{state=\"in_use\"} \(usage.inUse)\nsignerd_sessions{state=\"idle\"} \(usage.idle)\n"
+        out += "# HELP signerd_session_waiters Requests waiting for a free session.\n# TYPE signerd_session_waiters gauge\nsignerd_session_waiters \(usage.waiting)\n"
+        let up: Int
+        if let token, case .up = token.status { up = 1 } else { up = 0 }
+        out += "# HELP signerd_token_up 1 while the token is logged in and serving.\n# TYPE signerd_token_up gauge\nsignerd_token_up \(up)\n"
+        out += "# HELP signerd_keys Configured keys found on the token.\n# TYPE signerd_keys gauge\nsignerd_keys \(keys)\n"
+        return out
+    }
+}

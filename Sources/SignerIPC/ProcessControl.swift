@@ -1,0 +1,58 @@
+internal import CSignerShim
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Process-wide settings a daemon holding secrets makes at start.
+public enum ProcessControl {
+    /// No core dumps and no ptrace attach by same-uid processes
+    /// (`prctl(PR_SET_DUMPABLE, 0)`, `RLIMIT_CORE` 0): a PIN or key bytes in
+    /// memory never land in a core file.
+    /// - Returns: false when the kernel refused.
+    @discardableResult
+    public static func disableCoreDumps() -> Bool {
+        CSignerShim_disable_core_dumps() == 0
+    }
+
+    /// Whether the process may be dumped (`prctl(PR_GET_DUMPABLE)`).
+    public static var isDumpable: Bool { CSignerShim_is_dumpable() != 0 }
+
+    /// Raises the soft open-file limit to at least `wanted` (within the hard
+    /// limit): each connection holds two descriptors (libmicrohttpd's and the
+    /// daemon's duplicate for slow-request cut-off).
+    /// - Parameter wanted: descriptors needed.
+    /// - Returns: the soft limit in effect.
+    @discardableResult
+    public static func raiseOpenFileLimit(to wanted: Int) -> Int {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 0 }
+        if limit.rlim_cur < rlim_t(wanted) {
+            limit.rlim_cur = min(limit.rlim_max, rlim_t(wanted))
+            setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+            getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+        }
+        return Int(limit.rlim_cur)
+    }
+
+    /// Blocks `signals` in the calling thread and every thread it starts
+    /// afterwards, so that only ``waitForSignal(_:)`` receives them; ignores `SIGPIPE`.
+    /// Call before starting any thread.
+    public static func blockSignals(_ signals: [Int32]) {
+        signal(SIGPIPE, SIG_IGN)
+        var set = sigset_t()
+        sigemptyset(&set)
+        for number in signals { sigaddset(&set, number) }
+        pthread_sigmask(SIG_BLOCK, &set, nil)
+    }
+
+    /// Waits for one of `signals` (blocked earlier) and returns its number.
+    public static func waitForSignal(_ signals: [Int32]) -> Int32 {
+        var set = sigset_t()
+        sigemptyset(&set)
+        for number in signals { sigaddset(&set, number) }
+        var received: Int32 = 0
+        while sigwait(&set, &received) != 0 {}
+        return received
+    }
+}

@@ -1,0 +1,468 @@
+import Foundation
+import HSMSigner
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The API's endpoints (API contract v1).
+public enum Route: String, Sendable, CaseIterable {
+    case healthz = "/healthz"
+    case readyz = "/readyz"
+    case metrics = "/metrics"
+    case keys = "/v1/keys"
+    case promotionalOffer = "/v1/sign/promotional-offer"
+    case offers = "/v1/offers"
+    case promotionalOfferV2 = "/v1/sign/promotional-offer-v2"
+    case introductoryOfferEligibility = "/v1/sign/introductory-offer-eligibility"
+    case advancedCommerceRequest = "/v1/sign/advanced-commerce-request"
+    case serverAPIToken = "/v1/tokens/app-store-server-api"
+
+    /// The one method the endpoint accepts.
+    public var method: String {
+        switch self {
+        case .healthz, .readyz, .metrics, .keys: "GET"
+        default: "POST"
+        }
+    }
+}
+
+/// The signing service behind the socket: routing, who may call, field
+/// rules, key choice, signing through the token, verification before
+/// return, readiness and metrics. The HTTP layer calls it on its own
+/// threads; everything here is thread-safe.
+public final class SignerService: HTTPHandler, Sendable {
+    /// The token the keys live on.
+    public let token: HSMToken
+    /// The daemon's counters.
+    public let metrics: Metrics
+    let logger: Logger
+    private let current: Mutex<SignerConfiguration>
+    private let readiness = Mutex<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64)?>(nil)
+    private let readinessRefresh = Mutex(())
+    private let rateBuckets = Mutex<[UInt32: (tokens: Double, at: UInt64)]>([:])
+    private let groupCache = Mutex<[UInt32: (groups: [UInt32], at: UInt64)]>([:])
+    private let ownUID = getuid()
+
+    /// Makes the service.
+    /// - Parameters:
+    ///   - configuration: the checked configuration.
+    ///   - token: the opened token.
+    ///   - logger: request-independent events (forbidden peers, verification failures).
+    ///   - metrics: where counters go.
+    public init(configuration: SignerConfiguration, token: HSMToken, logger: Logger, metrics: Metrics = Metrics()) {
+        self.current = Mutex(configuration)
+        self.token = token
+        self.logger = logger
+        self.metrics = metrics
+    }
+
+    /// The configuration in effect.
+    public var configuration: SignerConfiguration { current.withLock { $0 } }
+
+    /// Applies a new configuration (SIGHUP) without dropping connections:
+    /// keys, allow-lists and limits change at once; the PIN is re-read, and
+    /// key handles are looked up again on next use.
+    /// - Parameter new: the new, already checked configuration.
+    /// - Throws: ``ConfigurationError`` when the new one needs a restart
+    ///   (another socket or another token); the old one then stays.
+    public func reload(_ new: SignerConfiguration) throws(ConfigurationError) {
+        let old = configuration
+        guard new.socketPath == old.socketPath, new.socketMode == old.socketMode, new.socketGroup == old.socketGroup else {
+            throw ConfigurationError("socket_path, socket_mode and socket_group change only with a restart")
+        }
+        let oldURI: PKCS11URI
+        let newURI: PKCS11URI
+        do {
+            oldURI = try PKCS11URI(old.tokenURI)
+            newURI = try PKCS11URI(new.tokenURI)
+        } catch {
+            throw ConfigurationError("token_uri: \(error.message)")
+        }
+        guard oldURI.modulePath == newURI.modulePath, oldURI.moduleName == newURI.moduleName,
+              oldURI.tokenLabel == newURI.tokenLabel, oldURI.tokenSerial == newURI.tokenSerial else {
+            throw ConfigurationError("token_uri names another module or token; that needs a restart (only the PIN source may change on reload)")
+        }
+        do {
+            try token.reloadPIN(from: newURI)
+        } catch {
+            throw ConfigurationError("token_uri: \(error.message)")
+        }
+        token.forgetKey(nil)
+        current.withLock { $0 = new }
+        readiness.withLock { $0 = nil }
+    }
+
+    // MARK: HTTPHandler
+
+    public func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? {
+        guard let route = Route(rawValue: path) else {
+            return respond(.failure(APIError(.notFound, "no endpoint at \(path); see docs/API.md")), endpoint: "other")
+        }
+        guard method == route.method else {
+            var response = respond(.failure(APIError(.methodNotAllowed, "\(path) accepts \(route.method), not \(method)")), endpoint: route.rawValue)
+            response.headers.append(("Allow", route.method))
+            return response
+        }
+        let config = configuration
+        guard isAllowed(peer, config) else {
+            metrics.count("forbidden")
+            logger.warning("peer_forbidden", ["peer.uid": .int(Int64(peer.uid)), "peer.gid": .int(Int64(peer.gid)), "peer.pid": .int(Int64(peer.pid)), "http.path": .string(path)])
+            return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")), endpoint: route.rawValue)
+        }
+        if let limited = rateLimit(peer, config) {
+            return respond(.failure(limited), endpoint: route.rawValue)
+        }
+        if route.method == "POST" {
+            let type = contentType?.split(separator: ";").first.map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+            guard type == "application/json" else {
+                return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentType ?? "none")")), endpoint: route.rawValue)
+            }
+        }
+        return nil
+    }
+
+    public func payloadTooLarge(path: String, limit: Int) -> HTTPResponse {
+        respond(.failure(APIError(.payloadTooLarge, "the request body is over \(limit) bytes")), endpoint: Route(rawValue: path)?.rawValue ?? "other")
+    }
+
+    public func handle(_ request: HTTPRequest) -> HTTPResponse {
+        guard let route = Route(rawValue: request.path) else {
+            return respond(.failure(APIError(.notFound, "no endpoint at \(request.path)")), endpoint: "other")
+        }
+        let config = configuration
+        let result: Result<HTTPResponse, APIError>
+        switch route {
+        case .healthz:
+            result = .success(json(200, ["status": "ok"]))
+        case .readyz:
+            let (ready, body) = checkReadiness(config)
+            var response = json(ready ? 200 : 503, body)
+            if !ready { response.headers.append(("Retry-After", "5")) }
+            result = .success(response)
+        case .metrics:
+            let keys = config.keys.filter { (try? token.publicKey(keyID: $0.keyID)) != nil }.count
+            result = .success(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4; charset=utf-8",
+                                           body: Array(metrics.render(token: token, keys: keys).utf8)))
+        case .keys:
+            result = .success(json(200, listKeys(config)))
+        case .promotionalOffer:
+            result = Result { () throws(APIError) in json(200, try signPromotionalOffer(request, config)) }
+        case .offers:
+            result = Result { () throws(APIError) in json(200, try signOffers(request, config)) }
+        case .promotionalOfferV2, .introductoryOfferEligibility, .advancedCommerceRequest, .serverAPIToken:
+            result = Result { () throws(APIError) in try signJWS(route, request, config) }
+        }
+        return respond(result, endpoint: route.rawValue)
+    }
+
+    private func respond(_ result: Result<HTTPResponse, APIError>, endpoint: String) -> HTTPResponse {
+        let response: HTTPResponse
+        switch result {
+        case .success(let value): response = value
+        case .failure(let error): response = HTTPResponse(error: error)
+        }
+        metrics.countRequest(endpoint: endpoint, status: response.status)
+        return response
+    }
+
+    func json(_ status: Int, _ value: some Encodable) -> HTTPResponse {
+        HTTPResponse(status: status, body: WireJSON.encode(value))
+    }
+
+    // MARK: Who may call
+
+    func isAllowed(_ peer: PeerCredentials, _ config: SignerConfiguration) -> Bool {
+        if peer.uid == 0 || peer.uid == ownUID || config.allowedUIDs.contains(peer.uid) || config.allowedGIDs.contains(peer.gid) {
+            return true
+        }
+        guard !config.allowedGIDs.isEmpty else { return false }
+        return !Set(supplementaryGroups(of: peer.uid)).isDisjoint(with: config.allowedGIDs)
+    }
+
+    /// The groups of the peer's user (`getgrouplist`), cached for a minute.
+    private func supplementaryGroups(of uid: UInt32) -> [UInt32] {
+        let now = MonotonicClock.now()
+        if let cached = groupCache.withLock({ $0[uid] }), now - cached.at < 60_000_000_000 {
+            return cached.groups
+        }
+        var groups: [UInt32] = []
+        if let entry = getpwuid(uid) {
+            var count: Int32 = 64
+            var buffer = [gid_t](repeating: 0, count: Int(count))
+            if getgrouplist(entry.pointee.pw_name, entry.pointee.pw_gid, &buffer, &count) >= 0 {
+                groups = Array(buffer.prefix(Int(count)))
+            }
+        }
+        groupCache.withLock { $0[uid] = (groups, now) }
+        return groups
+    }
+
+    /// A token bucket per uid; nil when the request may go ahead.
+    private func rateLimit(_ peer: PeerCredentials, _ config: SignerConfiguration) -> APIError? {
+        guard config.rateLimitPerSecond > 0 else { return nil }
+        let now = MonotonicClock.now()
+        let allowed: Bool = rateBuckets.withLock { buckets in
+            var bucket = buckets[peer.uid] ?? (config.rateLimitBurst, now)
+            bucket.tokens = min(config.rateLimitBurst, bucket.tokens + Double(now - bucket.at) / 1e9 * config.rateLimitPerSecond)
+            bucket.at = now
+            let ok = bucket.tokens >= 1
+            if ok { bucket.tokens -= 1 }
+            buckets[peer.uid] = bucket
+            return ok
+        }
+        guard !allowed else { return nil }
+        metrics.count("rate_limited")
+        var error = APIError(.rateLimited, "uid \(peer.uid) is over \(config.rateLimitPerSecond) requests per second")
+        error.retryAfter = 1
+        return error
+    }
+
+    // MARK: Keys
+
+    /// Chooses the key for a request: the one named (if configured, allowed
+    /// for the bundle and the caller), else the only key serving the bundle,
+    /// else the default key.
+    /// - Throws: `invalid_field` (malformed key ID), `key_not_found` (404),
+    ///   `bundle_not_allowed` (403), `forbidden` (403, per-key uid list),
+    ///   `missing_field` (several keys serve the bundle and none is default).
+    func resolveKey(bundleID: String, keyID: String?, peer: PeerCredentials, _ config: SignerConfiguration) throws(APIError) -> KeyConfiguration {
+        func callerMay(_ key: KeyConfiguration) -> Bool {
+            guard let uids = key.allowedUIDs else { return true }
+            return peer.uid == 0 || peer.uid == ownUID || uids.contains(peer.uid)
+        }
+        if let keyID {
+            do { try AppleFields.checkKeyID(keyID) } catch { throw APIError(error) }
+            guard let key = config.keys.first(where: { $0.keyID == keyID }) else {
+                throw APIError(.keyNotFound, "key_id \(keyID) is not a key signerd is configured to use", field: "key_id")
+            }
+            guard key.bundleIDs.contains(bundleID) else {
+                throw APIError(.bundleNotAllowed, "key \(keyID) may not sign for bundle_id \(bundleID); its bundle_ids are \(key.bundleIDs.joined(separator: ", "))", field: "bundle_id")
+            }
+            guard callerMay(key) else {
+                throw APIError(.forbidden, "uid \(peer.uid) may not use key \(keyID)", field: "key_id")
+            }
+            return key
+        }
+        let serving = config.keys.filter { $0.bundleIDs.contains(bundleID) && callerMay($0) }
+        if serving.count == 1 { return serving[0] }
+        if serving.isEmpty {
+            throw APIError(.bundleNotAllowed, "no configured In-App Purchase key may sign for bundle_id \(bundleID)", field: "bundle_id")
+        }
+        if let defaultKey = serving.first(where: { $0.keyID == config.defaultKeyID }) { return defaultKey }
+        throw APIError(.missingField, "key_id is required: \(serving.count) keys serve bundle_id \(bundleID) (\(serving.map(\.keyID).joined(separator: ", "))) and none is default_key_id", field: "key_id")
+    }
+
+    private func listKeys(_ config: SignerConfiguration) -> KeysResponse {
+        KeysResponse(keys: config.keys.map { key in
+            KeysResponse.Key(keyID: key.keyID, issuerID: key.issuerID ?? config.issuerID, bundleIDs: key.bundleIDs, curve: ECCurve.p256.rawValue,
+                             publicKeyPEM: (try? token.publicKey(keyID: key.keyID))?.pem, tokenLabel: token.label)
+        })
+    }
+
+    // MARK: Signing
+
+    /// Signs a SHA-256 digest with `keyID` and, when configured, verifies the
+    /// signature with the key's public key before it may leave.
+    /// - Returns: raw `r ‖ s` (64 bytes) and DER.
+    /// - Throws: `hsm_unavailable` (503, with `Retry-After`), `key_not_found`,
+    ///   `internal` (500) for a signature that did not verify (never returned).
+    func sign(digest: [UInt8], keyID: String, _ config: SignerConfiguration) throws(APIError) -> (raw: [UInt8], der: [UInt8]) {
+        let signature: TokenSignature
+        do {
+            signature = try token.sign(digest: digest, keyID: keyID)
+        } catch {
+            throw apiError(error, keyID: keyID)
+        }
+        metrics.observe(signature)
+        let der: [UInt8]
+        do {
+            der = try ECDSASignature.der(fromRaw: signature.raw, curve: .p256)
+        } catch {
+            metrics.count("verification_failures")
+            logger.error("signature_malformed", ["key.id": .string(keyID), "raw.bytes": .int(Int64(signature.raw.count))])
+            throw APIError(.internalError, "the token returned a malformed signature; nothing was returned")
+        }
+        if config.verifyBeforeReturn {
+            let verified: Bool
+            do {
+                verified = try token.publicKey(keyID: keyID).verify(derSignature: der, digest: digest)
+            } catch {
+                throw apiError(error, keyID: keyID)
+            }
+            guard verified else {
+                metrics.count("verification_failures")
+                logger.error("signature_not_verified", ["key.id": .string(keyID), "token.label": .string(token.label)])
+                throw APIError(.internalError, "the signature made by the token did not verify with key \(keyID)'s public key; it was not returned")
+            }
+        }
+        return (signature.raw, der)
+    }
+
+    func apiError(_ error: HSMError, keyID: String) -> APIError {
+        metrics.countHSMError(error.returnValue?.name ?? error.code.rawValue)
+        switch error.code {
+        case .keyNotFound:
+            return APIError(.keyNotFound, "key \(keyID) is configured but not on token \(token.label); import it with signctl keys import", field: "key_id")
+        case .tokenUnavailable, .sessionUnavailable, .pinRejected, .signTimeout, .pkcs11Failure:
+            var api = APIError(.hsmUnavailable, "the HSM cannot sign right now (\(error.returnValue?.name ?? error.code.rawValue)); retry later")
+            api.retryAfter = max(1, Int((error.retryAfter ?? 1).rounded(.up)))
+            return api
+        default:
+            logger.error("sign_error", ["key.id": .string(keyID), "error": .string(error.code.rawValue)])
+            return APIError(.internalError, "key \(keyID) cannot sign: \(error.code)")
+        }
+    }
+
+    /// `POST /v1/sign/promotional-offer`.
+    func signPromotionalOffer(_ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> PromotionalOfferResponse {
+        let fields = try PromotionalOfferRequest(body: request.body)
+        let now = AppleFields.nowMilliseconds()
+        let payload: PromotionalOfferPayload
+        do {
+            if let timestamp = fields.timestamp {
+                try AppleFields.checkTimestamp(timestamp, now: now)
+            }
+            try AppleFields.checkIdentifier(fields.bundleID, field: "bundle_id")
+            if let keyID = fields.keyID { try AppleFields.checkKeyID(keyID) }
+            // Check every field before choosing a key, so a bad value is a 400 whatever the key.
+            payload = try PromotionalOfferPayload(
+                bundleID: fields.bundleID, keyID: fields.keyID ?? "AAAAAAAAAA", productID: fields.productID, offerID: fields.offerID,
+                appAccountToken: fields.appAccountToken ?? "", nonce: fields.nonce ?? AppleFields.randomUUID(), timestamp: fields.timestamp ?? now)
+        } catch {
+            throw APIError(error)
+        }
+        let key = try resolveKey(bundleID: fields.bundleID, keyID: fields.keyID, peer: request.peer, config)
+        return try signClassic(payload, keyID: key.keyID, config)
+    }
+
+    private func signClassic(_ checked: PromotionalOfferPayload, keyID: String, _ config: SignerConfiguration) throws(APIError) -> PromotionalOfferResponse {
+        let payload: PromotionalOfferPayload
+        do {
+            payload = try PromotionalOfferPayload(bundleID: checked.bundleID, keyID: keyID, productID: checked.productID, offerID: checked.offerID,
+                                                  appAccountToken: checked.appAccountToken, nonce: checked.nonce, timestamp: checked.timestamp)
+        } catch {
+            throw APIError(error)
+        }
+        let signature = try sign(digest: SHA256.hash(payload.payload), keyID: keyID, config)
+        return PromotionalOfferResponse(keyID: keyID, nonce: payload.nonce, timestamp: payload.timestamp,
+                                        signature: Data(signature.der).base64EncodedString())
+    }
+
+    /// `POST /v1/offers` (RevenueCat SDK batch): each offer succeeds or fails
+    /// on its own; 7234 when no usable key serves the bundle. A malformed
+    /// request or an unavailable HSM fails the whole request.
+    func signOffers(_ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> OffersResponse {
+        let fields = try OffersRequest(body: request.body)
+        var token = ""
+        do {
+            try AppleFields.checkIdentifier(fields.bundleID, field: "bundle_id")
+            if (try? AppleFields.normalizeUUID(fields.appUserID, field: "app_user_id")) != nil {
+                token = try AppleFields.normalizeAppAccountToken(fields.appUserID)
+            }
+            for (index, offer) in fields.generateOffers.enumerated() {
+                try AppleFields.checkIdentifier(offer.productID, field: "generate_offers[\(index)].product_id")
+                try AppleFields.checkIdentifier(offer.offerID, field: "generate_offers[\(index)].offer_id")
+            }
+        } catch {
+            throw APIError(error)
+        }
+        let key = try? resolveKey(bundleID: fields.bundleID, keyID: nil, peer: request.peer, config)
+        var results: [OffersResponse.Offer] = []
+        for offer in fields.generateOffers {
+            guard let key else {
+                results.append(.init(keyID: nil, offerID: offer.offerID, productID: offer.productID, signatureData: nil,
+                                     signatureError: .init(code: OffersResponse.noKeyCode, message: "no In-App Purchase key for this app")))
+                continue
+            }
+            do {
+                let payload = try PromotionalOfferPayload(
+                    bundleID: fields.bundleID, keyID: key.keyID, productID: offer.productID, offerID: offer.offerID,
+                    appAccountToken: token, nonce: AppleFields.randomUUID(), timestamp: AppleFields.nowMilliseconds())
+                let signed = try signClassic(payload, keyID: key.keyID, config)
+                results.append(.init(keyID: key.keyID, offerID: offer.offerID, productID: offer.productID,
+                                     signatureData: .init(nonce: signed.nonce, signature: signed.signature, timestamp: signed.timestamp),
+                                     signatureError: nil))
+            } catch let error as APIError where error.code == .keyNotFound {
+                results.append(.init(keyID: nil, offerID: offer.offerID, productID: offer.productID, signatureData: nil,
+                                     signatureError: .init(code: OffersResponse.noKeyCode, message: "no In-App Purchase key for this app")))
+            } catch let error as APIError {
+                throw error
+            } catch {
+                throw APIError(.internalError, "\(error)")
+            }
+        }
+        return OffersResponse(offers: results)
+    }
+
+    // MARK: Readiness
+
+    /// Every configured key signs a random digest that must verify with its
+    /// public key; the result is reused for `readiness_cache_seconds` so
+    /// probes cannot load the HSM, and only one check runs at a time.
+    func checkReadiness(_ config: SignerConfiguration) -> (Bool, ReadinessResponse) {
+        let maxAge = UInt64(config.readinessCacheSeconds * 1e9)
+        if let cached = readiness.withLock({ $0 }), MonotonicClock.now() - cached.checkedAt <= maxAge {
+            return (cached.ready, cached.response)
+        }
+        return readinessRefresh.withLock { _ in
+            if let cached = readiness.withLock({ $0 }), MonotonicClock.now() - cached.checkedAt <= maxAge {
+                return (cached.ready, cached.response)
+            }
+            let (ready, response) = runReadinessChecks(config)
+            readiness.withLock { $0 = (response, ready, MonotonicClock.now()) }
+            return (ready, response)
+        }
+    }
+
+    private func runReadinessChecks(_ config: SignerConfiguration) -> (Bool, ReadinessResponse) {
+        let now = AppleFields.nowMilliseconds()
+        var keys: [ReadinessResponse.Key] = []
+        var failures: [String] = []
+        if config.keys.isEmpty {
+            failures.append("no keys configured")
+        }
+        let tokenProblem: String?
+        switch token.status {
+        case .down(let reason): tokenProblem = "token unavailable (\(reason)); recovery is running"
+        case .pinRejected(let rv): tokenProblem = "not logged in: the token refused the PIN (\(rv.name)); fix the PIN source and reload"
+        case .up: tokenProblem = nil
+        }
+        if let tokenProblem {
+            failures.append(tokenProblem)
+            keys = config.keys.map { .init(keyID: $0.keyID, ok: false, lastCheckMs: now, error: tokenProblem) }
+        } else {
+            for key in config.keys {
+                do {
+                    try token.selfTest(keyID: key.keyID)
+                    keys.append(.init(keyID: key.keyID, ok: true, lastCheckMs: now))
+                } catch {
+                    let reason: String
+                    switch error.code {
+                    case .keyNotFound: reason = "key missing from token \(token.label)"
+                    case .keyInvalid: reason = "key unusable: \(error.message)"
+                    case .verificationFailed: reason = "signature did not verify with the public key"
+                    case .tokenUnavailable: reason = "token unavailable"
+                    case .pinRejected: reason = "not logged in (PIN refused)"
+                    default: reason = error.returnValue?.name ?? error.code.rawValue
+                    }
+                    keys.append(.init(keyID: key.keyID, ok: false, lastCheckMs: now, error: reason))
+                    failures.append("\(key.keyID): \(reason)")
+                }
+            }
+        }
+        if failures.isEmpty {
+            return (true, ReadinessResponse(status: "ready", keys: keys))
+        }
+        let reason = failures.joined(separator: "; ")
+        return (false, ReadinessResponse(status: "not_ready", reason: reason, keys: keys,
+                                         error: .init(code: APIError.Code.hsmUnavailable.rawValue, message: reason)))
+    }
+
+    // MARK: JWS (see SignerService+JWS.swift)
+
+    func signJWS(_ route: Route, _ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> HTTPResponse {
+        throw APIError(.notFound, "\(route.rawValue) is not available in this build")
+    }
+}

@@ -1,0 +1,223 @@
+internal import CSignerShim
+import HSMSigner
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A socket-level failure (bind, connect, permissions), with the path and `errno` text.
+public struct SocketError: Error, Sendable, CustomStringConvertible {
+    /// What failed, with the path and the system's reason.
+    public var message: String
+    /// The `errno` value, when one applies.
+    public var errno: Int32?
+
+    init(_ message: String, errno code: Int32? = nil) {
+        self.errno = code
+        self.message = code.map { "\(message): \(String(cString: strerror($0)))" } ?? message
+    }
+
+    public var description: String { message }
+}
+
+/// The credentials of the process at the other end of a Unix socket
+/// (`SO_PEERCRED`, socket(7)): taken when it connected.
+public struct PeerCredentials: Sendable, Equatable, CustomStringConvertible {
+    /// The peer's effective uid.
+    public var uid: UInt32
+    /// The peer's effective gid.
+    public var gid: UInt32
+    /// The peer's pid.
+    public var pid: Int32
+
+    /// Makes credentials.
+    public init(uid: UInt32, gid: UInt32, pid: Int32) {
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid
+    }
+
+    public var description: String { "uid=\(uid) gid=\(gid) pid=\(pid)" }
+}
+
+enum UnixAddress {
+    /// Fills a `sockaddr_un` for `path` and calls `body` with it.
+    static func with<R>(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> R) throws(SocketError) -> R {
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        let capacity = MemoryLayout.size(ofValue: address.sun_path)
+        guard bytes.count < capacity else {
+            throw SocketError("the socket path \(path) is \(bytes.count) bytes; Unix socket paths must be under \(capacity)")
+        }
+        withUnsafeMutableBytes(of: &address.sun_path) { buffer in
+            buffer.copyBytes(from: bytes)
+            buffer[bytes.count] = 0
+        }
+        return withUnsafePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+    }
+}
+
+/// The daemon's listening Unix socket.
+public enum UnixListener {
+    /// Creates, binds and listens on `path`.
+    ///
+    /// A stale socket file is replaced only if it is a socket nobody
+    /// listens on; any other file at the path is left alone and refused.
+    /// The file gets `mode` and, when given, `group`, with no window in
+    /// which it has wider permissions (bound under a tight umask).
+    /// - Parameters:
+    ///   - path: an absolute path whose directory exists.
+    ///   - mode: the socket file's permission bits (e.g. 0o660).
+    ///   - group: a group name or number for the socket file.
+    /// - Returns: the listening descriptor (non-blocking, close-on-exec).
+    /// - Throws: ``SocketError`` naming the path and the reason.
+    public static func bind(path: String, mode: UInt32, group: String?) throws(SocketError) -> Int32 {
+        var info = stat()
+        if lstat(path, &info) == 0 {
+            guard (info.st_mode & S_IFMT) == S_IFSOCK else {
+                throw SocketError("\(path) exists and is not a socket; refusing to replace it")
+            }
+            if let probe = try? UnixConnection.connect(path: path) {
+                probe.close()
+                throw SocketError("another process is listening on \(path); is signerd already running?")
+            }
+            guard unlink(path) == 0 else {
+                throw SocketError("cannot remove the stale socket \(path)", errno: errno)
+            }
+        }
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue) | Int32(SOCK_NONBLOCK.rawValue), 0)
+        guard fd >= 0 else { throw SocketError("socket(AF_UNIX) failed", errno: errno) }
+        // Bind under a umask that leaves the file at most 0600, then widen to `mode`.
+        let oldMask = umask(0o177)
+        let bound = try UnixAddress.with(path) { Glibc.bind(fd, $0, $1) }
+        let bindErrno = errno
+        umask(oldMask)
+        guard bound == 0 else {
+            Glibc.close(fd)
+            throw SocketError("cannot bind \(path)", errno: bindErrno)
+        }
+        if let group {
+            let gid: gid_t
+            if let number = UInt32(group) {
+                gid = number
+            } else if let entry = getgrnam(group) {
+                gid = entry.pointee.gr_gid
+            } else {
+                Glibc.close(fd)
+                unlink(path)
+                throw SocketError("socket_group \(group) is not a group on this host")
+            }
+            guard chown(path, uid_t.max, gid) == 0 else {
+                let code = errno
+                Glibc.close(fd)
+                unlink(path)
+                throw SocketError("cannot give \(path) to group \(group)", errno: code)
+            }
+        }
+        guard chmod(path, mode_t(mode)) == 0 else {
+            let code = errno
+            Glibc.close(fd)
+            unlink(path)
+            throw SocketError("cannot chmod \(path)", errno: code)
+        }
+        guard listen(fd, SOMAXCONN) == 0 else {
+            let code = errno
+            Glibc.close(fd)
+            unlink(path)
+            throw SocketError("cannot listen on \(path)", errno: code)
+        }
+        return fd
+    }
+
+    /// Reads `SO_PEERCRED` of a connected socket.
+    /// - Parameter fd: a connected Unix stream socket.
+    /// - Returns: the peer's credentials, or nil when the kernel gives none.
+    public static func peerCredentials(_ fd: Int32) -> PeerCredentials? {
+        var uid: uid_t = 0
+        var gid: gid_t = 0
+        var pid: pid_t = 0
+        guard CSignerShim_peer_credentials(fd, &uid, &gid, &pid) == 0 else { return nil }
+        return PeerCredentials(uid: uid, gid: gid, pid: pid)
+    }
+}
+
+/// A blocking client connection to a Unix stream socket.
+public final class UnixConnection: @unchecked Sendable {
+    // Used by one thread at a time (the caller's); `fd` is closed once.
+    /// The connected descriptor.
+    public private(set) var fd: Int32
+
+    private init(fd: Int32) {
+        self.fd = fd
+    }
+
+    /// Connects to `path`.
+    /// - Parameters:
+    ///   - path: the socket file.
+    ///   - timeout: send and receive timeout in seconds (0 for none).
+    /// - Throws: ``SocketError`` (`ENOENT`: no daemon; `EACCES`: socket permissions; `ECONNREFUSED`: nobody listening).
+    public static func connect(path: String, timeout: Double = 0) throws(SocketError) -> UnixConnection {
+        let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        guard fd >= 0 else { throw SocketError("socket(AF_UNIX) failed", errno: errno) }
+        let result = try UnixAddress.with(path) { Glibc.connect(fd, $0, $1) }
+        guard result == 0 else {
+            let code = errno
+            Glibc.close(fd)
+            throw SocketError("cannot connect to \(path)", errno: code)
+        }
+        if timeout > 0 {
+            var value = timeval(tv_sec: Int(timeout), tv_usec: Int((timeout - Double(Int(timeout))) * 1_000_000))
+            setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, socklen_t(MemoryLayout<timeval>.size))
+            setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &value, socklen_t(MemoryLayout<timeval>.size))
+        }
+        return UnixConnection(fd: fd)
+    }
+
+    /// Writes all of `bytes`.
+    /// - Throws: ``SocketError`` when the peer closed or the write timed out.
+    public func write(_ bytes: [UInt8]) throws(SocketError) {
+        var offset = 0
+        while offset < bytes.count {
+            let n = bytes.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }  // count > 0: non-nil
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw SocketError("write to the socket failed", errno: errno)
+            }
+            offset += n
+        }
+    }
+
+    /// Reads what is available (up to `maximum` bytes) and appends it to `buffer`.
+    /// - Returns: the number of bytes read; 0 means the peer closed.
+    /// - Throws: ``SocketError`` on a read error or timeout.
+    public func read(appendingTo buffer: inout [UInt8], maximum: Int = 16 * 1024) throws(SocketError) -> Int {
+        let start = buffer.count
+        buffer.append(contentsOf: repeatElement(0, count: maximum))
+        while true {
+            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + start, maximum, 0) }  // grown above: non-nil
+            if n < 0 {
+                if errno == EINTR { continue }
+                let code = errno
+                buffer.removeLast(maximum)
+                throw SocketError("read from the socket failed", errno: code)
+            }
+            buffer.removeLast(maximum - n)
+            return n
+        }
+    }
+
+    /// Closes the connection (idempotent).
+    public func close() {
+        if fd >= 0 {
+            Glibc.close(fd)
+            fd = -1
+        }
+    }
+
+    deinit {
+        close()
+    }
+}

@@ -1,0 +1,311 @@
+// The wire contract (API contract v1): request and response bodies, shared
+// by signerd, signctl and the tests. Field names are snake_case on the wire.
+import Foundation
+import HSMSigner
+
+/// `POST /v1/sign/promotional-offer` request.
+public struct PromotionalOfferRequest: Codable, Sendable, Equatable {
+    /// The app's bundle ID (required).
+    public var bundleID: String
+    /// The key ID; optional when exactly one key (or the default key) serves the bundle.
+    public var keyID: String?
+    /// The subscription's product identifier (required).
+    public var productID: String
+    /// The promotional offer identifier (required).
+    public var offerID: String
+    /// Empty or a UUID in any case; signed lowercase. Default empty.
+    public var appAccountToken: String?
+    /// A UUID in any case; default a fresh UUID v4.
+    public var nonce: String?
+    /// UNIX time in milliseconds; default now.
+    public var timestamp: Int64?
+
+    enum CodingKeys: String, CodingKey {
+        case bundleID = "bundle_id", keyID = "key_id", productID = "product_id", offerID = "offer_id"
+        case appAccountToken = "app_account_token", nonce, timestamp
+    }
+
+    /// Makes a request.
+    public init(bundleID: String, keyID: String? = nil, productID: String, offerID: String,
+                appAccountToken: String? = nil, nonce: String? = nil, timestamp: Int64? = nil) {
+        self.bundleID = bundleID
+        self.keyID = keyID
+        self.productID = productID
+        self.offerID = offerID
+        self.appAccountToken = appAccountToken
+        self.nonce = nonce
+        self.timestamp = timestamp
+    }
+
+    /// Parses a request body with the contract's field errors.
+    /// - Throws: ``APIError`` `invalid_json`, `missing_field`, `invalid_field`, `unknown_field`.
+    public init(body: [UInt8]) throws(APIError) {
+        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "product_id", "offer_id", "app_account_token", "nonce", "timestamp"])
+        bundleID = try reader.string("bundle_id", "the app's bundle ID")
+        keyID = try reader.optionalString("key_id")
+        productID = try reader.string("product_id", "the subscription's product identifier")
+        offerID = try reader.string("offer_id", "the promotional offer identifier from App Store Connect")
+        appAccountToken = try reader.optionalString("app_account_token")
+        nonce = try reader.optionalString("nonce")
+        timestamp = try reader.optionalInteger("timestamp", "UNIX time in milliseconds")
+        try reader.finish()
+    }
+}
+
+/// `POST /v1/sign/promotional-offer` response: exactly the values signed.
+public struct PromotionalOfferResponse: Codable, Sendable, Equatable {
+    /// The key that signed.
+    public var keyID: String
+    /// The lowercase nonce signed.
+    public var nonce: String
+    /// The timestamp signed, milliseconds.
+    public var timestamp: Int64
+    /// Standard padded Base64 of the DER ECDSA signature (96 characters for most signatures).
+    public var signature: String
+
+    enum CodingKeys: String, CodingKey {
+        case keyID = "key_id", nonce, timestamp, signature
+    }
+
+    /// Makes a response.
+    public init(keyID: String, nonce: String, timestamp: Int64, signature: String) {
+        self.keyID = keyID
+        self.nonce = nonce
+        self.timestamp = timestamp
+        self.signature = signature
+    }
+}
+
+/// `POST /v1/offers` request, in the RevenueCat SDK's offer format.
+public struct OffersRequest: Codable, Sendable, Equatable {
+    /// One offer to sign.
+    public struct Offer: Codable, Sendable, Equatable {
+        /// The promotional offer identifier.
+        public var offerID: String
+        /// The product identifier.
+        public var productID: String
+        /// Sent by the SDK and ignored.
+        public var subscriptionGroup: String?
+
+        enum CodingKeys: String, CodingKey {
+            case offerID = "offer_id", productID = "product_id", subscriptionGroup = "subscription_group"
+        }
+
+        /// Makes an offer entry.
+        public init(offerID: String, productID: String, subscriptionGroup: String? = nil) {
+            self.offerID = offerID
+            self.productID = productID
+            self.subscriptionGroup = subscriptionGroup
+        }
+    }
+
+    /// The app's bundle ID.
+    public var bundleID: String
+    /// The app user ID: signed as the app account token when it is a UUID, else an empty token is signed.
+    public var appUserID: String
+    /// 1–50 offers.
+    public var generateOffers: [Offer]
+
+    /// The most offers in one request.
+    public static let maximumOffers = 50
+
+    enum CodingKeys: String, CodingKey {
+        case bundleID = "bundle_id", appUserID = "app_user_id", generateOffers = "generate_offers"
+    }
+
+    /// Makes a request.
+    public init(bundleID: String, appUserID: String, generateOffers: [Offer]) {
+        self.bundleID = bundleID
+        self.appUserID = appUserID
+        self.generateOffers = generateOffers
+    }
+
+    /// Parses a request body.
+    /// - Throws: ``APIError`` naming the field, e.g. `generate_offers[3].offer_id`.
+    public init(body: [UInt8]) throws(APIError) {
+        var reader = try FieldReader(json: body, allowed: ["bundle_id", "app_user_id", "generate_offers"])
+        bundleID = try reader.string("bundle_id", "the app's bundle ID")
+        appUserID = try reader.optionalString("app_user_id") ?? ""
+        let entries = try reader.array("generate_offers")
+        try reader.finish()
+        guard (1...Self.maximumOffers).contains(entries.count) else {
+            throw APIError(.invalidField, "generate_offers must hold 1 to \(Self.maximumOffers) offers; got \(entries.count)", field: "generate_offers")
+        }
+        var offers: [Offer] = []
+        for (index, entry) in entries.enumerated() {
+            let path = "generate_offers[\(index)]."
+            guard case .object(let members) = entry else {
+                throw APIError(.invalidField, "generate_offers[\(index)] must be an object with offer_id and product_id", field: "generate_offers[\(index)]")
+            }
+            var offerReader = try FieldReader(members: members, path: path, allowed: ["offer_id", "product_id", "subscription_group"])
+            let offerID = try offerReader.string("offer_id")
+            let productID = try offerReader.string("product_id")
+            let group = try offerReader.optionalString("subscription_group")
+            try offerReader.finish()
+            offers.append(Offer(offerID: offerID, productID: productID, subscriptionGroup: group))
+        }
+        generateOffers = offers
+    }
+}
+
+/// `POST /v1/offers` response: one entry per requested offer, in order.
+public struct OffersResponse: Codable, Sendable, Equatable {
+    /// The signed values of one offer.
+    public struct SignatureData: Codable, Sendable, Equatable {
+        public var nonce: String
+        public var signature: String
+        public var timestamp: Int64
+        public init(nonce: String, signature: String, timestamp: Int64) {
+            self.nonce = nonce
+            self.signature = signature
+            self.timestamp = timestamp
+        }
+    }
+
+    /// Why one offer was not signed (RevenueCat backend error codes: 7234 =
+    /// no usable In-App Purchase key for the bundle).
+    public struct SignatureError: Codable, Sendable, Equatable {
+        public var code: Int
+        public var message: String
+        public init(code: Int, message: String) {
+            self.code = code
+            self.message = message
+        }
+    }
+
+    /// One offer's outcome: `signature_data` or `signature_error`.
+    public struct Offer: Codable, Sendable, Equatable {
+        public var keyID: String?
+        public var offerID: String
+        public var productID: String
+        public var signatureData: SignatureData?
+        public var signatureError: SignatureError?
+
+        enum CodingKeys: String, CodingKey {
+            case keyID = "key_id", offerID = "offer_id", productID = "product_id"
+            case signatureData = "signature_data", signatureError = "signature_error"
+        }
+
+        public init(keyID: String?, offerID: String, productID: String, signatureData: SignatureData?, signatureError: SignatureError?) {
+            self.keyID = keyID
+            self.offerID = offerID
+            self.productID = productID
+            self.signatureData = signatureData
+            self.signatureError = signatureError
+        }
+    }
+
+    /// The outcomes in request order.
+    public var offers: [Offer]
+
+    /// The error code for "no In-App Purchase key for this app".
+    public static let noKeyCode = 7234
+
+    public init(offers: [Offer]) {
+        self.offers = offers
+    }
+}
+
+/// `GET /v1/keys` response: what is configured, never a secret.
+public struct KeysResponse: Codable, Sendable, Equatable {
+    /// One configured key.
+    public struct Key: Codable, Sendable, Equatable {
+        public var keyID: String
+        public var issuerID: String?
+        public var bundleIDs: [String]
+        public var curve: String
+        /// PEM SubjectPublicKeyInfo; null when the key is not on the token.
+        public var publicKeyPEM: String?
+        public var tokenLabel: String
+
+        enum CodingKeys: String, CodingKey {
+            case keyID = "key_id", issuerID = "issuer_id", bundleIDs = "bundle_ids", curve
+            case publicKeyPEM = "public_key_pem", tokenLabel = "token_label"
+        }
+
+        public init(keyID: String, issuerID: String?, bundleIDs: [String], curve: String, publicKeyPEM: String?, tokenLabel: String) {
+            self.keyID = keyID
+            self.issuerID = issuerID
+            self.bundleIDs = bundleIDs
+            self.curve = curve
+            self.publicKeyPEM = publicKeyPEM
+            self.tokenLabel = tokenLabel
+        }
+    }
+
+    public var keys: [Key]
+
+    public init(keys: [Key]) {
+        self.keys = keys
+    }
+}
+
+/// `GET /readyz` response (200 ready, 503 not ready).
+public struct ReadinessResponse: Codable, Sendable, Equatable {
+    /// One key's self-test result.
+    public struct Key: Codable, Sendable, Equatable {
+        public var keyID: String
+        /// Whether the key just signed a test digest that verified.
+        public var ok: Bool
+        /// When the check ran, UNIX time in milliseconds.
+        public var lastCheckMs: Int64
+        /// What failed, when `ok` is false.
+        public var error: String?
+
+        enum CodingKeys: String, CodingKey {
+            case keyID = "key_id", ok, lastCheckMs = "last_check_ms", error
+        }
+
+        public init(keyID: String, ok: Bool, lastCheckMs: Int64, error: String? = nil) {
+            self.keyID = keyID
+            self.ok = ok
+            self.lastCheckMs = lastCheckMs
+            self.error = error
+        }
+    }
+
+    /// The error object, present when not ready (the contract's error shape).
+    public struct ErrorBody: Codable, Sendable, Equatable {
+        public var code: String
+        public var message: String
+        public init(code: String, message: String) {
+            self.code = code
+            self.message = message
+        }
+    }
+
+    /// `ready` or `not_ready`.
+    public var status: String
+    /// The failing part when not ready (token missing, not logged in, key missing, signature did not verify).
+    public var reason: String?
+    public var keys: [Key]
+    public var error: ErrorBody?
+
+    public init(status: String, reason: String? = nil, keys: [Key], error: ErrorBody? = nil) {
+        self.status = status
+        self.reason = reason
+        self.keys = keys
+        self.error = error
+    }
+}
+
+/// The error body of every failed request.
+public struct ErrorResponse: Codable, Sendable, Equatable {
+    public struct Body: Codable, Sendable, Equatable {
+        public var code: String
+        public var message: String
+        public var field: String?
+    }
+
+    public var error: Body
+}
+
+/// Encodes wire values as compact JSON with the contract's key order kept stable (sorted).
+enum WireJSON {
+    static func encode(_ value: some Encodable) -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        // Encoding these value types cannot fail: no floats that are NaN, no custom throwing encoders.
+        return Array((try? encoder.encode(value)) ?? Data("{}".utf8))
+    }
+}
