@@ -56,15 +56,28 @@ let package = Package(
             dependencies: ["SignerIPC", "HSMSigner"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
+        // Fixtures shared by the test targets: throw-away SoftHSM tokens, key files in every form.
+        .target(
+            name: "TestSupport",
+            dependencies: ["HSMSigner"],
+            path: "Tests/TestSupport",
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
         .testTarget(
             name: "HSMSignerTests",
-            dependencies: ["HSMSigner", "CLibCrypto", "CSignerShim"],
+            dependencies: ["HSMSigner", "CLibCrypto", "CSignerShim", "TestSupport"],
             resources: [.copy("Vectors")],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
         .testTarget(
             name: "SignerIPCTests",
-            dependencies: ["SignerIPC", "HSMSigner"],
+            dependencies: ["SignerIPC", "HSMSigner", "TestSupport"],
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
+        // Starts the real signerd and signctl binaries on SoftHSM tokens.
+        .testTarget(
+            name: "EndToEndTests",
+            dependencies: ["SignerIPC", "HSMSigner", "TestSupport"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
     ]

@@ -95,7 +95,13 @@ public final class SignerClient {
             buffer.removeAll(keepingCapacity: true)
         }
         let connection = connection!  // set above
-        try connection.write(request)
+        do {
+            try connection.write(request)
+        } catch {
+            // The server may have answered early (413, 403) and closed its
+            // side: read what it sent before giving up.
+            guard (try? fill(connection)) ?? 0 > 0 else { throw error }
+        }
         // Head.
         var headEnd: Int?
         var sawBytes = !buffer.isEmpty

@@ -2,22 +2,179 @@ import Foundation
 import HSMSigner
 import SignerIPC
 
+/// A client for the socket the configuration names.
+func client(configPath: String) throws -> SignerClient {
+    let config = try loadConfiguration(configPath)
+    return SignerClient(socketPath: config.socketPath, timeout: 30)
+}
+
+/// Sends a request; maps an unreachable daemon to exit 69.
+func call(_ client: SignerClient, _ method: String, _ path: String, body: [UInt8]? = nil) throws -> ClientResponse {
+    do {
+        return try client.send(method, path, body: body)
+    } catch {
+        throw CommandFailure(.unavailable, "signerd is not reachable at \(client.socketPath): \(error.message)",
+                             hint: "is signerd running, and may this user open the socket (socket_mode, socket_group)?")
+    }
+}
+
+/// Turns an error response into a failure with the contract's code and exit status.
+func failure(from response: ClientResponse) -> CommandFailure {
+    let error = response.error
+    let code: ExitCode = switch response.status {
+    case 400, 404, 413, 415: .dataError
+    case 403: .noPermission
+    case 429: .tempFail
+    case 503: .unavailable
+    default: .software
+    }
+    let field = error?.field.map { " (field \($0))" } ?? ""
+    return CommandFailure(code, "\(response.status) \(error?.code ?? "error")\(field): \(error?.message ?? String(decoding: response.body, as: UTF8.self))")
+}
+
 func health(_ words: [String], configPath: String) throws -> ExitCode {
-    throw CommandFailure(.software, "not implemented yet")
+    let arguments = try Arguments(words, options: [], flags: ["json"])
+    if arguments.flag("help") {
+        print("usage: signctl health [--json]\n\nAsks signerd's /readyz: every configured key signs a test digest that must verify.\nExit 0 ready, 69 not ready or unreachable.")
+        return .success
+    }
+    _ = try arguments.positionals(0, "")
+    let config = try loadConfiguration(configPath)
+    let client = SignerClient(socketPath: config.socketPath, timeout: 30)
+    let response: ClientResponse
+    do {
+        response = try client.send("GET", "/readyz")
+    } catch {
+        if arguments.flag("json") {
+            printJSON(["status": "unreachable", "reason": error.message])
+        } else {
+            writeError("signerd is not reachable at \(config.socketPath): \(error.message)")
+        }
+        return .unavailable
+    }
+    guard let readiness = try? response.decode(ReadinessResponse.self) else {
+        throw failure(from: response)
+    }
+    if arguments.flag("json") {
+        printJSON(readiness)
+    } else {
+        print("\(readiness.status)\(readiness.reason.map { ": \($0)" } ?? "")")
+        for key in readiness.keys {
+            print("  \(key.keyID): \(key.ok ? "ok" : "failing: \(key.error ?? "?")")")
+        }
+    }
+    return response.status == 200 ? .success : .unavailable
 }
 
 func sign(kind: String, _ words: [String], configPath: String) throws -> ExitCode {
-    throw CommandFailure(.software, "not implemented yet")
+    switch kind {
+    case "promotional-offer":
+        let arguments = try Arguments(words, options: ["bundle-id", "product-id", "offer-id", "key-id", "app-account-token", "nonce", "timestamp"], flags: ["json"])
+        if arguments.flag("help") {
+            print("usage: signctl sign promotional-offer --bundle-id B --product-id P --offer-id O [--key-id K]\n       [--app-account-token UUID] [--nonce UUID] [--timestamp MS] [--json]")
+            return .success
+        }
+        _ = try arguments.positionals(0, "")
+        var timestamp: Int64?
+        if let text = arguments.options["timestamp"] {
+            guard let value = Int64(text) else { throw UsageError("--timestamp must be UNIX time in milliseconds") }
+            timestamp = value
+        }
+        let request = PromotionalOfferRequest(
+            bundleID: try arguments.required("bundle-id"), keyID: arguments.options["key-id"],
+            productID: try arguments.required("product-id"), offerID: try arguments.required("offer-id"),
+            appAccountToken: arguments.options["app-account-token"], nonce: arguments.options["nonce"], timestamp: timestamp)
+        let client = try client(configPath: configPath)
+        let response = try call(client, "POST", Route.promotionalOffer.rawValue, body: WireBody.encode(request))
+        guard response.status == 200, let signed = try? response.decode(PromotionalOfferResponse.self) else {
+            throw failure(from: response)
+        }
+        if arguments.flag("json") {
+            printJSON(signed)
+        } else {
+            print("key_id:    \(signed.keyID)\nnonce:     \(signed.nonce)\ntimestamp: \(signed.timestamp)\nsignature: \(signed.signature)")
+        }
+        return .success
+    case "promotional-offer-v2", "introductory-offer-eligibility", "advanced-commerce-request", "server-api-token":
+        return try signJWSCommand(kind: kind, words, configPath: configPath)
+    default:
+        throw UsageError(kind.isEmpty ? "sign needs a kind" : "unknown signature kind \(kind)",
+                         hint: "kinds: promotional-offer, promotional-offer-v2, introductory-offer-eligibility, advanced-commerce-request, server-api-token")
+    }
 }
 
 func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
-    throw CommandFailure(.software, "not implemented yet")
+    let arguments = try Arguments(words, options: ["public-key", "bundle-id", "key-id", "product-id", "offer-id", "app-account-token", "nonce", "timestamp", "signature"], flags: ["json"])
+    if arguments.flag("help") {
+        print("""
+        usage: signctl verify promotional-offer --public-key PEM --bundle-id B --key-id K --product-id P --offer-id O
+               [--app-account-token UUID] --nonce UUID --timestamp MS --signature BASE64
+
+        Rebuilds the payload Apple verifies and checks the signature offline, the way the App Store
+        does. Exit 0 valid, 65 invalid (the output says which check failed).
+        """)
+        return .success
+    }
+    _ = try arguments.positionals(0, "")
+    let pemPath = try arguments.required("public-key")
+    guard let pem = try? String(contentsOfFile: pemPath, encoding: .utf8) else {
+        throw CommandFailure(.dataError, "cannot read the public key \(pemPath)")
+    }
+    let publicKey = try ECPublicKey(pem: pem)
+    guard let timestamp = Int64(try arguments.required("timestamp")) else {
+        throw UsageError("--timestamp must be UNIX time in milliseconds")
+    }
+    let signatureText = try arguments.required("signature")
+    let (bundleID, keyID, productID, offerID, nonce) = (try arguments.required("bundle-id"), try arguments.required("key-id"),
+                                                       try arguments.required("product-id"), try arguments.required("offer-id"), try arguments.required("nonce"))
+    let payload: PromotionalOfferPayload
+    do {
+        payload = try PromotionalOfferPayload(bundleID: bundleID, keyID: keyID, productID: productID, offerID: offerID,
+                                              appAccountToken: arguments.options["app-account-token"] ?? "", nonce: nonce, timestamp: timestamp)
+    } catch {
+        throw CommandFailure(.dataError, "\(error.field): \(error.message)")
+    }
+    var problems: [String] = []
+    if timestamp < 100_000_000_000 { problems.append("the timestamp looks like seconds; Apple expects milliseconds") }
+    guard let der = Data(base64Encoded: signatureText).map(Array.init) else {
+        let hint = signatureText.contains("-") || signatureText.contains("_") ? " (it looks like base64url; Apple wants standard Base64 with padding)"
+            : signatureText.count % 4 != 0 ? " (the padding is missing)" : ""
+        throw CommandFailure(.dataError, "the signature is not standard Base64\(hint)")
+    }
+    if der.count == 64, (try? ECDSASignature.raw(fromDER: der, curve: .p256)) == nil {
+        problems.append("the signature is 64 bytes: raw r‖s where Apple expects DER")
+    }
+    let valid = publicKey.verify(derSignature: der, digest: SHA256.hash(payload.payload))
+    if arguments.flag("json") {
+        printJSON(["valid": valid ? "true" : "false", "payload_sha256": SHA256.hash(payload.payload).hexString, "problems": problems.joined(separator: "; ")])
+    } else {
+        print(valid ? "valid: the signature verifies for this payload" : "INVALID: the signature does not verify for this payload")
+        print("payload SHA-256: \(SHA256.hash(payload.payload).hexString)")
+        for problem in problems { print("note: \(problem)") }
+        if !valid {
+            print("check: the key ID is the key that signed; app_account_token and nonce are lowercase; the token matches the purchase's appAccountToken (empty if none); the timestamp is in milliseconds")
+        }
+    }
+    return valid ? .success : .dataError
+}
+
+/// JSON bodies for requests, as the API expects them.
+enum WireBody {
+    static func encode(_ value: some Encodable) -> [UInt8] {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.withoutEscapingSlashes, .sortedKeys]
+        return Array((try? encoder.encode(value)) ?? Data())
+    }
 }
 
 func verifyJWS(_ words: [String]) throws -> ExitCode {
-    throw CommandFailure(.software, "not implemented yet")
+    throw CommandFailure(.software, "signctl verify jws arrives with the JWS kinds")
+}
+
+func signJWSCommand(kind: String, _ words: [String], configPath: String) throws -> ExitCode {
+    throw CommandFailure(.software, "signctl sign \(kind) arrives with the JWS kinds")
 }
 
 func bench(_ words: [String], configPath: String) throws -> ExitCode {
-    throw CommandFailure(.software, "not implemented yet")
+    throw CommandFailure(.software, "signctl bench arrives with the benchmark")
 }

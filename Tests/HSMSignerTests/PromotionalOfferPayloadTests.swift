@@ -1,4 +1,5 @@
 import HSMSigner
+import TestSupport
 import Testing
 
 @Suite("Classic promotional offer payload")

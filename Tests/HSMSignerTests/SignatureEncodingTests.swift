@@ -1,6 +1,7 @@
 import CLibCrypto
 import Foundation
 import HSMSigner
+import TestSupport
 import Testing
 
 /// Wycheproof's vector files (vendored with their LICENSE in Vectors/wycheproof).

@@ -1,5 +1,6 @@
 import Foundation
 @testable import HSMSigner
+import TestSupport
 import Synchronization
 import Testing
 

@@ -1,4 +1,5 @@
 @testable import HSMSigner
+import TestSupport
 import Synchronization
 
 #if canImport(Glibc)

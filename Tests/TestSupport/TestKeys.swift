@@ -2,23 +2,23 @@ import Foundation
 import HSMSigner
 
 /// Key files in every form the field produces, made with the `openssl` CLI.
-struct TestKeyFiles {
-    let directory: String
+public struct TestKeyFiles: Sendable {
+    public let directory: String
     /// SEC1 `-----BEGIN EC PRIVATE KEY-----` (with parameters and public key).
-    let sec1: String
+    public let sec1: String
     /// PKCS#8 as OpenSSL writes it: `MIGHAgEA…`, 135 content bytes (138 DER bytes), public key embedded.
-    let pkcs8OpenSSL: String
+    public let pkcs8OpenSSL: String
     /// PKCS#8 as Apple writes it: `MIGTAgEA…`, 147 content bytes (150 DER bytes), curve repeated inside and public key embedded.
-    let pkcs8Apple: String
+    public let pkcs8Apple: String
     /// PKCS#8 without the public key (OpenSSL must derive it).
-    let pkcs8NoPublicKey: String
+    public let pkcs8NoPublicKey: String
     /// The Apple form with CRLF line endings and trailing whitespace.
-    let pkcs8AppleCRLF: String
+    public let pkcs8AppleCRLF: String
     /// `openssl ec -pubout` of the key.
-    let publicKeyPEM: String
+    public let publicKeyPEM: String
 
     /// Makes a fresh P-256 key in all forms in a new directory.
-    static func make() throws -> TestKeyFiles {
+    public static func make() throws -> TestKeyFiles {
         let directory = TemporaryDirectory.make(prefix: "signerd-keys")
         let sec1 = directory + "/sec1.pem"
         try run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", sec1])
@@ -44,7 +44,7 @@ struct TestKeyFiles {
                             pkcs8NoPublicKey: noPublic, pkcs8AppleCRLF: pkcs8AppleCRLF, publicKeyPEM: publicKeyPEM)
     }
 
-    static func pem(_ label: String, _ der: [UInt8], lineEnding: String) -> String {
+    public static func pem(_ label: String, _ der: [UInt8], lineEnding: String) -> String {
         let base64 = Data(der).base64EncodedString()
         var lines = ["-----BEGIN \(label)-----"]
         var index = base64.startIndex
@@ -58,7 +58,7 @@ struct TestKeyFiles {
     }
 
     /// A key file on another curve or of another type, for refusal tests.
-    static func other(_ kind: String, in directory: String) throws -> String {
+    public static func other(_ kind: String, in directory: String) throws -> String {
         let path = directory + "/\(kind).p8"
         switch kind {
         case "p384": try run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-384", "-out", path])
@@ -72,7 +72,7 @@ struct TestKeyFiles {
 
 /// Verifies with the `openssl` CLI (an independent path from the in-process
 /// wrapper): `openssl dgst -sha256 -verify PUB -signature SIG` over `message`.
-func opensslVerifies(publicKeyPEM: String, derSignature: [UInt8], message: [UInt8]) throws -> Bool {
+public func opensslVerifies(publicKeyPEM: String, derSignature: [UInt8], message: [UInt8]) throws -> Bool {
     let directory = TemporaryDirectory.make(prefix: "signerd-verify")
     defer { try? FileManager.default.removeItem(atPath: directory) }
     try publicKeyPEM.write(toFile: directory + "/pub.pem", atomically: true, encoding: .utf8)

@@ -1,17 +1,16 @@
 import Foundation
 import HSMSigner
 import Synchronization
-import Testing
 
 /// A throw-away SoftHSM token store for this test process: its own
 /// directory and `SOFTHSM2_CONF`, never the system's tokens. Every test that
 /// needs a token makes its own, with its own label and random PINs.
-final class SoftHSMFixture: Sendable {
-    static let shared = SoftHSMFixture()
+public final class SoftHSMFixture: Sendable {
+    public static let shared = SoftHSMFixture()
 
     /// The SoftHSM module; override with `SIGNERD_TEST_SOFTHSM_MODULE`.
-    let modulePath: String
-    let directory: String
+    public let modulePath: String
+    public let directory: String
     private let lock = Mutex(0)
 
     private init() {
@@ -25,16 +24,16 @@ final class SoftHSMFixture: Sendable {
         setenv("SOFTHSM2_CONF", directory + "/softhsm2.conf", 1)
     }
 
-    struct Token {
-        let label: String
-        let pinPath: String
-        let uri: String
-        let modulePath: String
+    public struct Token: Sendable {
+        public let label: String
+        public let pinPath: String
+        public let uri: String
+        public let modulePath: String
     }
 
     /// Makes a new initialized token with a random user PIN in a 0600 file.
     /// - Parameter prefix: the start of the label; a counter makes it unique.
-    func makeToken(_ prefix: String) throws -> Token {
+    public func makeToken(_ prefix: String) throws -> Token {
         try lock.withLock { counter in
             counter += 1
             let label = "\(prefix)-\(counter)"
@@ -56,14 +55,14 @@ final class SoftHSMFixture: Sendable {
     }
 }
 
-struct FixtureError: Error, CustomStringConvertible {
-    let description: String
-    init(_ description: String) { self.description = description }
+public struct FixtureError: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
 }
 
-enum TemporaryDirectory {
+public enum TemporaryDirectory {
     /// A fresh directory under $TMPDIR (or /tmp), mode 0700.
-    static func make(prefix: String) -> String {
+    public static func make(prefix: String) -> String {
         let base = ProcessInfo.processInfo.environment["TMPDIR"] ?? "/tmp"
         var template = Array("\(base)/\(prefix)-XXXXXX".utf8CString)
         let created = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
@@ -73,7 +72,7 @@ enum TemporaryDirectory {
 }
 
 /// Writes a file with mode 0600 from the start (no window with wider permissions).
-func writeSecretFile(_ path: String, _ contents: String, mode: mode_t = 0o600) throws {
+public func writeSecretFile(_ path: String, _ contents: String, mode: mode_t = 0o600) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode)
     guard fd >= 0 else { throw FixtureError("cannot create \(path)") }
     defer { close(fd) }
@@ -84,7 +83,7 @@ func writeSecretFile(_ path: String, _ contents: String, mode: mode_t = 0o600) t
 
 /// Runs a command and returns its standard output; throws on a non-zero exit.
 @discardableResult
-func run(_ arguments: [String], input: Data? = nil, environment: [String: String]? = nil) throws -> Data {
+public func run(_ arguments: [String], input: Data? = nil, environment: [String: String]? = nil) throws -> Data {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
     process.arguments = arguments
@@ -110,7 +109,7 @@ func run(_ arguments: [String], input: Data? = nil, environment: [String: String
 }
 
 extension Array where Element == UInt8 {
-    init?(hex: String) {
+    public init?(hex: String) {
         var bytes: [UInt8] = []
         var iterator = hex.utf8.makeIterator()
         while let high = iterator.next() {

@@ -1,0 +1,240 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Checks the daemon still serves: /healthz answers and a fresh signature verifies.
+func expectServing(_ daemon: DaemonHarness, sourceLocation: SourceLocation = #_sourceLocation) throws {
+    let client = daemon.client()
+    defer { client.close() }
+    #expect(try client.send("GET", "/healthz").status == 200, sourceLocation: sourceLocation)
+    let response = try client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "key_id": "ABC123DEFG", "product_id": "p", "offer_id": "o"]))
+    #expect(response.status == 200, sourceLocation: sourceLocation)
+    let offer = try response.decode(PromotionalOfferResponse.self)
+    let key = try ECPublicKey(pem: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM)
+    let der = try #require(Data(base64Encoded: offer.signature))
+    let payload = independentPayload(bundleID: "com.example.app", keyID: "ABC123DEFG", productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
+    #expect(key.verify(derSignature: Array(der), digest: SHA256.hash(payload)), sourceLocation: sourceLocation)
+}
+
+/// Bad input of every kind: a named error each time, and the daemon keeps serving.
+@Suite("signerd under bad input", .serialized)
+struct BadInputTests {
+    /// One daemon for the whole suite (each test starts by checking it serves).
+    static let shared: Result<DaemonHarness, any Error> = Result {
+        let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "XYZ987WVUT"])
+        try daemon.writeConfig(["request_timeout_seconds": 3])
+        try daemon.start()
+        return daemon
+    }
+
+    let daemon: DaemonHarness
+
+    init() throws {
+        daemon = try Self.shared.get()
+    }
+
+    struct FieldCase: Sendable, CustomTestStringConvertible {
+        let name: String
+        let path: String
+        let fields: [String: any Sendable]
+        let status: Int
+        let code: String
+        let field: String?
+        var mention: String? = nil
+        var testDescription: String { name }
+    }
+
+    static let now = Int64(Date().timeIntervalSince1970 * 1000)
+    static let base: [String: any Sendable] = ["bundle_id": "com.example.app", "product_id": "pro_monthly", "offer_id": "winback"]
+
+    static func with(_ changes: [String: any Sendable], removing: [String] = []) -> [String: any Sendable] {
+        var fields = base
+        for (key, value) in changes { fields[key] = value }
+        for key in removing { fields[key] = nil }
+        return fields
+    }
+
+    static let offer = "/v1/sign/promotional-offer"
+    static let fieldCases: [FieldCase] = [
+        FieldCase(name: "missing bundle_id", path: offer, fields: with([:], removing: ["bundle_id"]), status: 400, code: "missing_field", field: "bundle_id"),
+        FieldCase(name: "null bundle_id", path: offer, fields: with(["bundle_id": NSNull()]), status: 400, code: "missing_field", field: "bundle_id"),
+        FieldCase(name: "missing product_id", path: offer, fields: with([:], removing: ["product_id"]), status: 400, code: "missing_field", field: "product_id"),
+        FieldCase(name: "missing offer_id", path: offer, fields: with([:], removing: ["offer_id"]), status: 400, code: "missing_field", field: "offer_id"),
+        FieldCase(name: "typo productId", path: offer, fields: with(["productId": "x"], removing: ["product_id"]), status: 400, code: "unknown_field", field: "productId"),
+        FieldCase(name: "empty bundle_id", path: offer, fields: with(["bundle_id": ""]), status: 400, code: "invalid_field", field: "bundle_id"),
+        FieldCase(name: "256-byte bundle_id", path: offer, fields: with(["bundle_id": String(repeating: "a", count: 256)]), status: 400, code: "invalid_field", field: "bundle_id"),
+        FieldCase(name: "number bundle_id", path: offer, fields: with(["bundle_id": 12]), status: 400, code: "invalid_field", field: "bundle_id"),
+        FieldCase(name: "control character in product_id", path: offer, fields: with(["product_id": "pro\u{7}"]), status: 400, code: "invalid_field", field: "product_id"),
+        FieldCase(name: "U+2063 in offer_id", path: offer, fields: with(["offer_id": "win\u{2063}back"]), status: 400, code: "invalid_field", field: "offer_id", mention: "U+2063"),
+        FieldCase(name: "U+2063 in product_id", path: offer, fields: with(["product_id": "\u{2063}"]), status: 400, code: "invalid_field", field: "product_id"),
+        FieldCase(name: "lowercase key_id", path: offer, fields: with(["key_id": "abc123defg"]), status: 400, code: "invalid_field", field: "key_id"),
+        FieldCase(name: "unknown key_id", path: offer, fields: with(["key_id": "ZZZZZZZZZZ"]), status: 404, code: "key_not_found", field: "key_id"),
+        FieldCase(name: "bundle not allowed for key", path: offer, fields: with(["key_id": "XYZ987WVUT", "bundle_id": "com.example.other"]), status: 403, code: "bundle_not_allowed", field: "bundle_id"),
+        FieldCase(name: "bundle without any key", path: offer, fields: with(["bundle_id": "com.nobody.app"]), status: 403, code: "bundle_not_allowed", field: "bundle_id"),
+        FieldCase(name: "token not a UUID", path: offer, fields: with(["app_account_token": "user_1"]), status: 400, code: "invalid_field", field: "app_account_token"),
+        FieldCase(name: "token without dashes", path: offer, fields: with(["app_account_token": "5e3f1c2a9b4d4e6f8a7b1c2d3e4f5a6b"]), status: 400, code: "invalid_field", field: "app_account_token"),
+        FieldCase(name: "nonce 'undefined'", path: offer, fields: with(["nonce": "undefined"]), status: 400, code: "invalid_field", field: "nonce"),
+        FieldCase(name: "timestamp in seconds", path: offer, fields: with(["timestamp": now / 1000]), status: 400, code: "invalid_field", field: "timestamp", mention: "milliseconds"),
+        FieldCase(name: "timestamp 25 h old", path: offer, fields: with(["timestamp": now - 25 * 3_600_000]), status: 400, code: "invalid_field", field: "timestamp", mention: "24 hours"),
+        FieldCase(name: "timestamp 10 min ahead", path: offer, fields: with(["timestamp": now + 600_000]), status: 400, code: "invalid_field", field: "timestamp", mention: "5 minutes"),
+        FieldCase(name: "timestamp as string", path: offer, fields: with(["timestamp": String(now)]), status: 400, code: "invalid_field", field: "timestamp"),
+        FieldCase(name: "timestamp with a fraction", path: offer, fields: with(["timestamp": 1.5]), status: 400, code: "invalid_field", field: "timestamp"),
+        FieldCase(name: "batch: no offers", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "app_user_id": "u", "generate_offers": [[String: String]]()], status: 400, code: "invalid_field", field: "generate_offers"),
+        FieldCase(name: "batch: 51 offers", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "app_user_id": "u", "generate_offers": Array(repeating: ["offer_id": "a", "product_id": "p"], count: 51)], status: 400, code: "invalid_field", field: "generate_offers"),
+        FieldCase(name: "batch: offer without product_id", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": [["offer_id": "a"]]], status: 400, code: "missing_field", field: "generate_offers[0].product_id"),
+        FieldCase(name: "batch: unknown offer field", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": [["offer_id": "a", "product_id": "p", "productId": "p"]]], status: 400, code: "unknown_field", field: "generate_offers[0].productId"),
+        FieldCase(name: "batch: U+2063 in offer_id", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": [["offer_id": "a\u{2063}", "product_id": "p"]]], status: 400, code: "invalid_field", field: "generate_offers[0].offer_id"),
+        FieldCase(name: "batch: offers not an array", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": "a"], status: 400, code: "invalid_field", field: "generate_offers"),
+    ]
+
+    @Test("each field rule gives its status, code and field, and the daemon keeps serving", arguments: fieldCases)
+    func fieldRule(_ fieldCase: FieldCase) throws {
+        let response = try daemon.client().send("POST", fieldCase.path, body: body(fieldCase.fields))
+        #expect(response.status == fieldCase.status, "\(String(decoding: response.body, as: UTF8.self))")
+        let error = try #require(response.error)
+        #expect(error.code == fieldCase.code)
+        #expect(error.field == fieldCase.field)
+        if let field = fieldCase.field {
+            #expect(error.message.contains(field.split(separator: ".").last.map(String.init) ?? field), "\(error.message)")
+        }
+        if let mention = fieldCase.mention {
+            #expect(error.message.contains(mention), "\(error.message)")
+        }
+        try expectServing(daemon)
+    }
+
+    @Test("broken JSON, non-objects, wrong content types, methods and paths")
+    func protocolErrors() throws {
+        let client = daemon.client()
+        // (A trailing comma is tolerated by Foundation's JSON parser and is not listed here.)
+        for text in ["{", "{\"bundle_id\": }", "[]", "\"x\"", "", "nul", "{\"bundle_id\": \"a\" \"product_id\": \"b\"}", "\u{FF}\u{FE}"] {
+            let response = try client.send("POST", Self.offer, body: Array(text.utf8))
+            #expect(response.status == 400, "\(text)")
+            #expect(response.error?.code == "invalid_json", "\(text)")
+        }
+        let text = try client.send("POST", Self.offer, body: body(Self.base), contentType: "text/plain")
+        #expect(text.status == 415)
+        #expect(text.error?.code == "unsupported_media_type")
+        let form = try client.send("POST", Self.offer, body: Array("bundle_id=a".utf8), contentType: "application/x-www-form-urlencoded")
+        #expect(form.status == 415)
+        let charset = try client.send("POST", Self.offer, body: body(Self.base), contentType: "application/json; charset=utf-8")
+        #expect(charset.status == 200)
+        let get = try client.send("GET", Self.offer)
+        #expect(get.status == 405)
+        #expect(get.headers["allow"] == "POST")
+        #expect(get.error?.code == "method_not_allowed")
+        let postHealth = try client.send("POST", "/healthz", body: Array("{}".utf8))
+        #expect(postHealth.status == 405)
+        let missing = try client.send("GET", "/v1/nothing")
+        #expect(missing.status == 404)
+        #expect(missing.error?.code == "not_found")
+        try expectServing(daemon)
+    }
+
+    @Test("a 1 MiB body is refused with 413, with Content-Length and chunked")
+    func hugeBody() throws {
+        var big = Array("{\"bundle_id\": \"".utf8)
+        big += [UInt8](repeating: UInt8(ascii: "a"), count: 1024 * 1024)
+        big += Array("\"}".utf8)
+        let response = try daemon.client().send("POST", Self.offer, body: big)
+        #expect(response.status == 413)
+        #expect(response.error?.code == "payload_too_large")
+
+        // Chunked: no Content-Length, so the limit applies as the body arrives.
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 10)
+        defer { connection.close() }
+        var request = Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n".utf8)
+        for _ in 0..<16 {
+            request += Array("10000\r\n".utf8) + [UInt8](repeating: UInt8(ascii: "a"), count: 0x10000) + Array("\r\n".utf8)
+        }
+        request += Array("0\r\n\r\n".utf8)
+        try? connection.write(request)
+        var received: [UInt8] = []
+        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {
+            if String(decoding: received, as: UTF8.self).contains("payload_too_large") { break }
+        }
+        #expect(String(decoding: received, as: UTF8.self).hasPrefix("HTTP/1.1 413"))
+        try expectServing(daemon)
+    }
+
+    @Test("a request trickled one byte per 100 ms is dropped after request_timeout_seconds; others are served meanwhile")
+    func trickle() throws {
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 30)
+        defer { connection.close() }
+        let request = Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 80\r\n\r\n{\"bundle_id\": \"com.example.app\", \"product_id\": \"p\", \"offer_id\": \"o\"}".utf8)
+        let started = Date()
+        var cut = false
+        for byte in request {
+            do {
+                try connection.write([byte])
+            } catch {
+                cut = true
+                break
+            }
+            usleep(100_000)
+            if Date().timeIntervalSince(started) > 25 { break }
+            if Int(Date().timeIntervalSince(started) * 10) % 20 == 0 {
+                try expectServing(daemon)  // others are served while the slow one trickles
+            }
+        }
+        var received: [UInt8] = []
+        let closed = cut || ((try? connection.read(appendingTo: &received)) ?? 0) == 0
+        #expect(closed, "the slow connection was not closed")
+        #expect(!String(decoding: received, as: UTF8.self).contains("\"signature\""))
+        // Request line (~47 bytes, 4.7 s) plus the 3 s limit: cut well before the whole request (~16 s) arrived.
+        #expect(Date().timeIntervalSince(started) < 12, "cut after \(Date().timeIntervalSince(started)) s")
+        try expectServing(daemon)
+        let metrics = String(decoding: try daemon.client().send("GET", "/metrics").body, as: UTF8.self)
+        #expect(metrics.contains("signerd_dropped_slow_requests_total 1"))
+    }
+
+    @Test("500 connections opened and left idle: the daemon still answers and signs")
+    func idleConnections() throws {
+        var idle: [UnixConnection] = []
+        for _ in 0..<500 {
+            idle.append(try UnixConnection.connect(path: daemon.socketPath))
+        }
+        defer { idle.forEach { $0.close() } }
+        // Half of them send a partial request head and stop.
+        for connection in idle.prefix(250) {
+            try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\n".utf8))
+        }
+        try expectServing(daemon)
+        let ready = try daemon.client().send("GET", "/readyz")
+        #expect(ready.status == 200)
+    }
+
+    @Test("a client that disconnects mid-request, mid-body or before reading the response leaves the daemon serving")
+    func disconnects() throws {
+        for cutAfter in ["POST /v1/sign/promo", "POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 70\r\n\r\n{\"bundle_id\": \"com.exa"] {
+            let connection = try UnixConnection.connect(path: daemon.socketPath)
+            try connection.write(Array(cutAfter.utf8))
+            connection.close()
+        }
+        // A complete request whose sender goes away before the response.
+        for _ in 0..<20 {
+            let connection = try UnixConnection.connect(path: daemon.socketPath)
+            let json = body(Self.base)
+            try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(json.count)\r\n\r\n".utf8) + json)
+            connection.close()
+        }
+        usleep(200_000)
+        try expectServing(daemon)
+    }
+
+    @Test("keep-alive: many requests on one connection")
+    func keepAlive() throws {
+        let client = daemon.client()
+        for _ in 0..<50 {
+            #expect(try client.send("GET", "/healthz").status == 200)
+        }
+        let connections = String(decoding: try client.send("GET", "/metrics").body, as: UTF8.self)
+        #expect(connections.contains("signerd_requests_total"))
+    }
+}

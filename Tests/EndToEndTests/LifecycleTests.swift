@@ -1,0 +1,153 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import Synchronization
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Signs one classic offer and returns whether the signature verifies with `publicKeyPEM`.
+func signAndVerify(_ client: SignerClient, keyID: String, publicKeyPEM: String, bundleID: String = "com.example.app") throws -> Bool {
+    let response = try client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": bundleID, "key_id": keyID, "product_id": "p", "offer_id": "o"]))
+    guard response.status == 200 else { return false }
+    let offer = try response.decode(PromotionalOfferResponse.self)
+    let payload = independentPayload(bundleID: bundleID, keyID: keyID, productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
+    guard let der = Data(base64Encoded: offer.signature) else { return false }
+    return try ECPublicKey(pem: publicKeyPEM).verify(derSignature: Array(der), digest: SHA256.hash(payload))
+}
+
+@Suite("signerd lifecycle: peers, signals, reload", .serialized)
+struct LifecycleTests {
+    static let isRoot = getuid() == 0
+    static let hasSetpriv = FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
+
+    /// Runs curl as uid/gid 65534 (nobody) against the socket.
+    func curlAsNobody(_ daemon: DaemonHarness, _ json: String) throws -> (status: Int, body: String) {
+        let output = try run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+                              "curl", "-s", "-w", "\n%{http_code}", "--unix-socket", daemon.socketPath,
+                              "-H", "Content-Type: application/json", "-d", json, "http://signerd/v1/sign/promotional-offer"])
+        let lines = String(decoding: output, as: UTF8.self).split(separator: "\n", omittingEmptySubsequences: false)
+        return (Int(lines.last ?? "") ?? 0, lines.dropLast().joined(separator: "\n"))
+    }
+
+    @Test("a peer not allowed gets 403 and a log line; an allowed one succeeds",
+          .enabled(if: isRoot && hasSetpriv, "needs root and setpriv(1) to run a client as another uid (uid 65534)"))
+    func peerCredentials() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let publicKey = try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM
+        let request = #"{"bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"}"#
+
+        let refused = try curlAsNobody(daemon, request)
+        #expect(refused.status == 403)
+        #expect(refused.body.contains("\"forbidden\""))
+        #expect(refused.body.contains("65534"))
+        usleep(100_000)
+        #expect(daemon.log.contains { $0.contains("\"peer_forbidden\"") && $0.contains("\"peer.uid\":65534") && $0.contains("\"peer.pid\":") })
+        #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey), "root is always allowed")
+
+        // Allow uid 65534 by reload: now it signs.
+        try daemon.writeConfig(["allowed_uids": [65534]])
+        daemon.send(SIGHUP)
+        usleep(300_000)
+        let allowed = try curlAsNobody(daemon, request)
+        #expect(allowed.status == 200, "\(allowed.body)")
+        let offer = try JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(allowed.body.utf8))
+        let payload = independentPayload(bundleID: "com.example.app", keyID: "ABC123DEFG", productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
+        #expect(try opensslVerifies(publicKeyPEM: publicKey, derSignature: Array(try #require(Data(base64Encoded: offer.signature))), message: payload))
+
+        // A per-key allow-list that leaves 65534 out refuses it for that key only.
+        var config = daemon.config
+        config["keys"] = [["key_id": "ABC123DEFG", "bundle_ids": ["com.example.app"], "allowed_uids": [12345]]]
+        try daemon.writeConfig(config)
+        daemon.send(SIGHUP)
+        usleep(300_000)
+        let perKey = try curlAsNobody(daemon, #"{"bundle_id": "com.example.app", "key_id": "ABC123DEFG", "product_id": "p", "offer_id": "o"}"#)
+        #expect(perKey.status == 403)
+        #expect(perKey.body.contains("\"field\":\"key_id\""))
+    }
+
+    @Test("SIGTERM during 8 concurrent request loops: every response carries a valid signature, exit 0, socket removed")
+    func sigtermDrains() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let key = try ECPublicKey(pem: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM)
+        let results = Mutex<(ok: Int, invalid: Int, errors: Int, statuses: [Int: Int])>((0, 0, 0, [:]))
+        let stop = Atomic<Bool>(false)
+        let group = DispatchGroup()
+        for _ in 0..<8 {
+            group.enter()
+            Thread.detachNewThread {
+                defer { group.leave() }
+                let client = daemon.client()
+                var failures = 0
+                while !stop.load(ordering: .relaxed) && failures < 3 {
+                    do {
+                        let response = try client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"]))
+                        guard response.status == 200 else {
+                            results.withLock { $0.statuses[response.status, default: 0] += 1 }
+                            continue
+                        }
+                        let offer = try response.decode(PromotionalOfferResponse.self)
+                        let payload = independentPayload(bundleID: "com.example.app", keyID: offer.keyID, productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
+                        let valid = Data(base64Encoded: offer.signature).map { key.verify(derSignature: Array($0), digest: SHA256.hash(payload)) } ?? false
+                        results.withLock { valid ? ($0.ok += 1) : ($0.invalid += 1) }
+                    } catch {
+                        failures += 1
+                        results.withLock { $0.errors += 1 }
+                        usleep(20_000)
+                    }
+                }
+            }
+        }
+        usleep(1_500_000)
+        let before = results.withLock { $0.ok }
+        let status = daemon.stop()
+        stop.store(true, ordering: .relaxed)
+        group.wait()
+        let final = results.withLock { $0 }
+        #expect(status == 0)
+        #expect(before > 20, "requests flowed before SIGTERM")
+        #expect(final.invalid == 0)
+        #expect(final.statuses.isEmpty, "\(final.statuses)")
+        #expect(!FileManager.default.fileExists(atPath: daemon.socketPath))
+        #expect(daemon.log.contains { $0.contains("\"signerd_stopped\"") && $0.contains("\"drained\":true") })
+    }
+
+    @Test("SIGHUP: a key added to the token and the config signs without a restart; a broken config leaves the old one serving")
+    func sighupReload() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let client = daemon.client()
+        let pid = daemon.process?.processIdentifier
+        #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM))
+
+        // Not configured yet: 404.
+        let before = try client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "key_id": "NEWKEY0001", "product_id": "p", "offer_id": "o"]))
+        #expect(before.status == 404)
+
+        try daemon.importKey("NEWKEY0001")  // signctl, another process, while signerd runs
+        try daemon.writeConfig()
+        daemon.send(SIGHUP)
+        usleep(500_000)
+        #expect(daemon.log.contains { $0.contains("\"config_reloaded\"") })
+        #expect(try signAndVerify(client, keyID: "NEWKEY0001", publicKeyPEM: try #require(daemon.keys["NEWKEY0001"]).publicKeyPEM))
+        #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM))
+
+        // Broken configurations are refused; the old one keeps serving both keys.
+        for broken in ["{ not json", #"{"token_uri": "pkcs11:token=signer", "keyz": []}"#] {
+            try broken.write(toFile: daemon.configPath, atomically: true, encoding: .utf8)
+            daemon.send(SIGHUP)
+            usleep(300_000)
+            #expect(try signAndVerify(client, keyID: "NEWKEY0001", publicKeyPEM: try #require(daemon.keys["NEWKEY0001"]).publicKeyPEM))
+        }
+        #expect(daemon.log.filter { $0.contains("\"config_reload_refused\"") }.count == 2)
+        #expect(daemon.process?.processIdentifier == pid, "no restart")
+        #expect(daemon.process?.isRunning == true)
+    }
+}

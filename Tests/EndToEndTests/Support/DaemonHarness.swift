@@ -1,0 +1,213 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import Synchronization
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Where the built `signerd` and `signctl` are: `SIGNERD_BIN_DIR`, else this
+/// checkout's `.build/debug` (built by `swift build --build-tests`).
+enum Binaries {
+    static let root: String = {
+        var url = URL(fileURLWithPath: #filePath)
+        for _ in 0..<4 { url.deleteLastPathComponent() }  // Tests/EndToEndTests/Support/DaemonHarness.swift
+        return url.path
+    }()
+    static let directory = ProcessInfo.processInfo.environment["SIGNERD_BIN_DIR"] ?? root + "/.build/debug"
+    static let signerd = directory + "/signerd"
+    static let signctl = directory + "/signctl"
+}
+
+/// A real `signerd` process on a real SoftHSM token made by
+/// `scripts/softhsm-setup.sh`, with keys imported by `signctl`, in a
+/// directory of its own.
+final class DaemonHarness: @unchecked Sendable {
+    // Mutated only by the test that owns the harness.
+    let directory: String
+    let socketPath: String
+    let configPath: String
+    let tokenURI: String
+    let softHSMConf: String
+    /// Key ID → the key files and public key.
+    private(set) var keys: [String: TestKeyFiles] = [:]
+    private(set) var process: Process?
+    private let logPipe = Pipe()
+    private let logLines = LogBuffer()
+
+    /// Makes the token and imports `keyIDs` (fresh P-256 keys), but does not start the daemon.
+    init(keyIDs: [String] = ["ABC123DEFG"]) throws {
+        directory = TemporaryDirectory.make(prefix: "signerd-e2e")
+        chmod(directory, 0o755)
+        socketPath = directory + "/signerd.sock"
+        configPath = directory + "/signerd.json"
+        let hsm = directory + "/hsm"
+        let uri = try run(["env", "SIGNCTL=\(Binaries.signctl)", Binaries.root + "/scripts/softhsm-setup.sh", hsm])
+        tokenURI = String(decoding: uri, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        softHSMConf = hsm + "/softhsm2.conf"
+        for keyID in keyIDs {
+            try importKey(keyID)
+        }
+        try writeConfig()
+    }
+
+    var environment: [String: String] {
+        var environment = ProcessInfo.processInfo.environment
+        environment["SOFTHSM2_CONF"] = softHSMConf
+        return environment
+    }
+
+    /// Makes a fresh key, writes it as `AuthKey_<ID>.p8` (Apple's layout) and imports it with signctl.
+    func importKey(_ keyID: String) throws {
+        let files = try TestKeyFiles.make()
+        let named = directory + "/AuthKey_\(keyID).p8"
+        try FileManager.default.copyItem(atPath: files.pkcs8Apple, toPath: named)
+        try writeConfig()  // signctl needs token_uri
+        try run([Binaries.signctl, "--config", configPath, "keys", "import", named], environment: environment)
+        keys[keyID] = files
+    }
+
+    /// The configuration written by ``writeConfig(_:)``; tests change it and write again.
+    var config: [String: Any] = [:]
+
+    /// Writes signerd.json: the token, the socket, the keys (all for
+    /// `com.example.app`, the first also for `com.example.other`), plus `extra`.
+    func writeConfig(_ extra: [String: Any] = [:], keys keyIDs: [String]? = nil) throws {
+        let ids = keyIDs ?? keys.keys.sorted()
+        var object: [String: Any] = [
+            "token_uri": tokenURI,
+            "socket_path": socketPath,
+            "socket_mode": "0666",
+            "issuer_id": "57246542-96fe-1a63-e053-0824d011072a",
+            "keys": ids.enumerated().map { index, id in
+                ["key_id": id, "bundle_ids": index == 0 ? ["com.example.app", "com.example.other"] : ["com.example.app"]] as [String: Any]
+            },
+            "readiness_cache_seconds": 1,
+        ]
+        if ids.count > 1 { object["default_key_id"] = ids[0] }
+        for (key, value) in extra { object[key] = value }
+        config = object
+        let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes])
+        try data.write(to: URL(fileURLWithPath: configPath))
+    }
+
+    /// Starts signerd and waits until /healthz answers.
+    func start() throws {
+        if config.isEmpty { try writeConfig() }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Binaries.signerd)
+        process.arguments = ["--config", configPath]
+        process.environment = environment
+        process.standardError = logPipe
+        process.standardOutput = FileHandle.nullDevice
+        let lines = logLines
+        logPipe.fileHandleForReading.readabilityHandler = { handle in
+            let data = handle.availableData
+            guard !data.isEmpty else { return }
+            lines.append(String(decoding: data, as: UTF8.self))
+        }
+        try process.run()
+        self.process = process
+        DaemonHarness.register(process.processIdentifier)
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline {
+            if let response = try? SignerClient(socketPath: socketPath, timeout: 2).send("GET", "/healthz"), response.status == 200 {
+                return
+            }
+            guard process.isRunning else {
+                throw FixtureError("signerd exited with \(process.terminationStatus): \(log.joined(separator: "\n"))")
+            }
+            usleep(50_000)
+        }
+        throw FixtureError("signerd did not answer /healthz within 20 s: \(log.joined(separator: "\n"))")
+    }
+
+    /// Daemons still running when the test process exits are stopped then
+    /// (suites that share one daemon have no teardown of their own).
+    private static let running = Mutex<Set<Int32>>([])
+    private static let exitHook: Void = {
+        atexit {
+            for pid in DaemonHarness.running.withLock({ $0 }) { kill(pid, SIGKILL) }
+        }
+    }()
+
+    static func register(_ pid: Int32) {
+        _ = exitHook
+        running.withLock { _ = $0.insert(pid) }
+    }
+
+    static func unregister(_ pid: Int32) {
+        running.withLock { _ = $0.remove(pid) }
+    }
+
+    /// Everything signerd logged so far.
+    var log: [String] { logLines.lines }
+
+    /// Sends `signal` to signerd.
+    func send(_ signal: Int32) {
+        if let process { kill(process.processIdentifier, signal) }
+    }
+
+    /// SIGTERM, then waits for the exit status.
+    @discardableResult
+    func stop() -> Int32 {
+        guard let process else { return -1 }
+        if process.isRunning { kill(process.processIdentifier, SIGTERM) }
+        process.waitUntilExit()
+        DaemonHarness.unregister(process.processIdentifier)
+        logPipe.fileHandleForReading.readabilityHandler = nil
+        self.process = nil
+        return process.terminationStatus
+    }
+
+    deinit {
+        if let process, process.isRunning {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+    }
+
+    func client() -> SignerClient {
+        SignerClient(socketPath: socketPath, timeout: 30)
+    }
+
+    /// Runs signctl against this daemon's configuration.
+    func signctl(_ arguments: [String]) throws -> String {
+        String(decoding: try run([Binaries.signctl, "--config", configPath] + arguments, environment: environment), as: UTF8.self)
+    }
+
+    /// Runs signctl and returns its exit status and output (stdout + stderr), never throwing.
+    func signctlStatus(_ arguments: [String]) -> (Int32, String) {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Binaries.signctl)
+        process.arguments = ["--config", configPath] + arguments
+        process.environment = environment
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        do { try process.run() } catch { return (-1, "\(error)") }
+        let output = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: output, as: UTF8.self))
+    }
+}
+
+/// The classic payload rebuilt here, independently of HSMSigner's builder:
+/// the seven values joined by U+2063.
+func independentPayload(bundleID: String, keyID: String, productID: String, offerID: String, token: String, nonce: String, timestamp: Int64) -> [UInt8] {
+    Array([bundleID, keyID, productID, offerID, token, nonce, String(timestamp)].joined(separator: "\u{2063}").utf8)
+}
+
+/// JSON bytes for a request body.
+func body(_ object: [String: Any]) -> [UInt8] {
+    Array((try? JSONSerialization.data(withJSONObject: object, options: [.withoutEscapingSlashes])) ?? Data())
+}
+
+/// signerd's stderr, collected as it arrives.
+final class LogBuffer: Sendable {
+    private let text = Mutex("")
+    func append(_ chunk: String) { text.withLock { $0 += chunk } }
+    var lines: [String] { text.withLock { $0.split(separator: "\n").map(String.init) } }
+}
