@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# signerd quick start, end to end on SoftHSM:
+#
+#   scripts/quickstart.sh [--keep-running] [FILE.p8]
+#
+# installs what is missing (Debian packages), builds signerd and signctl,
+# makes a SoftHSM token with scripts/softhsm-setup.sh, generates a DEMO key
+# with openssl (or imports your own App Store .p8 if you pass one), starts
+# signerd, asks it over the Unix socket (curl) for a promotional offer
+# signature, and verifies that signature with `openssl dgst -verify` against
+# the public key exported from the token. Everything lives in
+# ${SIGNERD_DEMO_DIR:-.demo} in this checkout; signerd is stopped at the end
+# unless --keep-running.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+keep_running=0
+p8=""
+for arg in "$@"; do
+  case $arg in
+    --keep-running) keep_running=1 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -*) echo "error: unknown option $arg" >&2; exit 64 ;;
+    *) p8=$arg ;;
+  esac
+done
+if [ -n "$p8" ]; then p8=$(cd "$(dirname "$p8")" && pwd)/$(basename "$p8"); fi
+
+step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+
+step "1/8 Installing missing Debian packages (libp11-kit-dev, softhsm2, libssl-dev, libmicrohttpd-dev, …)"
+"$repo/scripts/install-deps.sh"
+
+step "2/8 Building signerd and signctl (release)"
+(cd "$repo" && swift build -c release --product signerd && swift build -c release --product signctl)
+bin=$(cd "$repo" && swift build -c release --show-bin-path)
+export SIGNCTL=$bin/signctl
+
+demo=${SIGNERD_DEMO_DIR:-$repo/.demo}
+mkdir -p "$demo"
+demo=$(cd "$demo" && pwd)
+step "3/8 Making a SoftHSM token in $demo/hsm (scripts/softhsm-setup.sh)"
+token_uri=$("$repo/scripts/softhsm-setup.sh" "$demo/hsm")
+export SOFTHSM2_CONF=$demo/hsm/softhsm2.conf
+echo "token_uri: $token_uri"
+
+bundle_id=${BUNDLE_ID:-com.example.app}
+if [ -n "$p8" ]; then
+  step "4/8 Using your key file $p8"
+  key_file=$p8
+  key_id=${KEY_ID:-$(basename "$p8" | sed -nE 's/^(AuthKey|SubscriptionKey)_([A-Z0-9]{10})\.p8$/\2/p')}
+  [ -n "$key_id" ] || { echo "error: cannot tell the key ID from $(basename "$p8"); set KEY_ID=XXXXXXXXXX" >&2; exit 64; }
+else
+  key_id=DEMO000001
+  key_file=$demo/SubscriptionKey_$key_id.p8
+  step "4/8 Generating a DEMO key with openssl (NOT an App Store key; Apple will not accept its signatures)"
+  [ -s "$key_file" ] || (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$key_file")
+fi
+echo "key ID: $key_id, bundle ID: $bundle_id"
+
+config=$demo/signerd.json
+socket=$demo/signerd.sock
+cat > "$config" <<JSON
+{
+  "token_uri": "$token_uri",
+  "socket_path": "$socket",
+  "socket_mode": "0660",
+  "issuer_id": "${ISSUER_ID:-00000000-0000-4000-8000-000000000000}",
+  "keys": [{"key_id": "$key_id", "bundle_ids": ["$bundle_id"]}]
+}
+JSON
+step "5/8 Importing the key into the token (non-extractable, self-tested)"
+"$bin/signctl" --config "$config" keys import --replace --key-id "$key_id" "$key_file"
+"$bin/signctl" --config "$config" keys list
+
+step "6/8 Starting signerd on $socket (log: $demo/signerd.log)"
+if [ -S "$socket" ] && curl -s --unix-socket "$socket" http://signerd/healthz >/dev/null 2>&1; then
+  echo "a signerd from an earlier run is still listening; stopping it"
+  [ -f "$demo/signerd.pid" ] && kill "$(cat "$demo/signerd.pid")" 2>/dev/null || true
+  sleep 1
+fi
+"$bin/signerd" --config "$config" 2>"$demo/signerd.log" &
+pid=$!
+echo $pid > "$demo/signerd.pid"
+stop_daemon() { if [ $keep_running = 0 ]; then kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; fi; return 0; }
+trap stop_daemon EXIT
+for _ in $(seq 1 100); do
+  curl -s --unix-socket "$socket" http://signerd/healthz >/dev/null 2>&1 && break
+  kill -0 "$pid" 2>/dev/null || { echo "error: signerd exited:" >&2; cat "$demo/signerd.log" >&2; exit 69; }
+  sleep 0.1
+done
+"$bin/signctl" --config "$config" health
+
+step "7/8 Requesting a promotional offer signature over the Unix socket (curl)"
+request='{"bundle_id": "'$bundle_id'", "product_id": "pro_monthly", "offer_id": "winback_half_price"}'
+echo "curl --unix-socket $socket -H 'Content-Type: application/json' -d '$request' http://signerd/v1/sign/promotional-offer"
+response=$(curl -sS --fail-with-body --unix-socket "$socket" -H 'Content-Type: application/json' -d "$request" http://signerd/v1/sign/promotional-offer)
+echo "$response"
+field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$response" "$1"; }
+nonce=$(field nonce); timestamp=$(field timestamp); signature=$(field signature); signed_key=$(field key_id)
+
+step "8/8 Verifying the signature with openssl against the public key exported from the token"
+"$bin/signctl" --config "$config" keys export-public "$key_id" > "$demo/public_key.pem"
+# The payload Apple verifies: seven values joined by U+2063 (UTF-8 e2 81 a3); the token is empty here.
+sep=$'\xe2\x81\xa3'
+printf '%s' "$bundle_id$sep$signed_key${sep}pro_monthly${sep}winback_half_price$sep$sep$nonce$sep$timestamp" > "$demo/payload.bin"
+printf '%s' "$signature" | base64 -d > "$demo/signature.der"
+echo "openssl dgst -sha256 -verify $demo/public_key.pem -signature $demo/signature.der $demo/payload.bin"
+openssl dgst -sha256 -verify "$demo/public_key.pem" -signature "$demo/signature.der" "$demo/payload.bin"
+
+if [ $keep_running = 1 ]; then
+  trap - EXIT
+  echo
+  echo "signerd keeps running (pid $pid). Try: SOFTHSM2_CONF=$SOFTHSM2_CONF $bin/signctl --config $config health"
+  echo "Stop it with: kill $pid"
+else
+  echo
+  echo "Done: the token signed, signerd returned the DER signature in standard Base64, and openssl verified it."
+fi
