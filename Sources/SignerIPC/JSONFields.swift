@@ -3,7 +3,7 @@ import HSMSigner
 
 /// A JSON value as Foundation's `JSONDecoder` reads it, keeping the
 /// difference between `true` and `1` and between `1` and `1.5`.
-public enum JSONValue: Sendable, Equatable, Decodable {
+public enum JSONValue: Sendable, Equatable, Codable {
     case null
     case bool(Bool)
     case integer(Int64)
@@ -47,6 +47,32 @@ public enum JSONValue: Sendable, Equatable, Decodable {
             self = .integer(integer)
         } else {
             self = .number(try single.decode(Double.self))
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        switch self {
+        case .null:
+            var single = encoder.singleValueContainer()
+            try single.encodeNil()
+        case .bool(let flag):
+            var single = encoder.singleValueContainer()
+            try single.encode(flag)
+        case .integer(let number):
+            var single = encoder.singleValueContainer()
+            try single.encode(number)
+        case .number(let number):
+            var single = encoder.singleValueContainer()
+            try single.encode(number)
+        case .string(let text):
+            var single = encoder.singleValueContainer()
+            try single.encode(text)
+        case .array(let values):
+            var array = encoder.unkeyedContainer()
+            for value in values { try array.encode(value) }
+        case .object(let members):
+            var object = encoder.container(keyedBy: AnyKey.self)
+            for (key, value) in members { try object.encode(value, forKey: AnyKey(stringValue: key)) }
         }
     }
 

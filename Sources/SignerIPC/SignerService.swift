@@ -459,10 +459,4 @@ public final class SignerService: HTTPHandler, Sendable {
         return (false, ReadinessResponse(status: "not_ready", reason: reason, keys: keys,
                                          error: .init(code: APIError.Code.hsmUnavailable.rawValue, message: reason)))
     }
-
-    // MARK: JWS (see SignerService+JWS.swift)
-
-    func signJWS(_ route: Route, _ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> HTTPResponse {
-        throw APIError(.notFound, "\(route.rawValue) is not available in this build")
-    }
 }

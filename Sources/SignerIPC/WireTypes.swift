@@ -309,3 +309,178 @@ enum WireJSON {
         return Array((try? encoder.encode(value)) ?? Data("{}".utf8))
     }
 }
+
+/// `POST /v1/sign/promotional-offer-v2` request (StoreKit 2 `Product.PurchaseOption.promotionalOffer(_:compactJWS:)`).
+public struct PromotionalOfferV2Request: Codable, Sendable, Equatable {
+    public var bundleID: String
+    public var keyID: String?
+    public var productID: String
+    public var offerID: String
+    /// Optional: the customer's original or current transaction ID, digits.
+    public var transactionID: String?
+
+    enum CodingKeys: String, CodingKey {
+        case bundleID = "bundle_id", keyID = "key_id", productID = "product_id", offerID = "offer_id", transactionID = "transaction_id"
+    }
+
+    public init(bundleID: String, keyID: String? = nil, productID: String, offerID: String, transactionID: String? = nil) {
+        self.bundleID = bundleID
+        self.keyID = keyID
+        self.productID = productID
+        self.offerID = offerID
+        self.transactionID = transactionID
+    }
+
+    /// Parses a request body.
+    /// - Throws: ``APIError`` naming the field.
+    public init(body: [UInt8]) throws(APIError) {
+        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "product_id", "offer_id", "transaction_id"])
+        bundleID = try reader.string("bundle_id", "the app's bundle ID")
+        keyID = try reader.optionalString("key_id")
+        productID = try reader.string("product_id", "the subscription's product identifier")
+        offerID = try reader.string("offer_id", "the promotional offer identifier")
+        transactionID = try reader.optionalString("transaction_id")
+        try reader.finish()
+    }
+}
+
+/// `POST /v1/sign/introductory-offer-eligibility` request.
+public struct IntroductoryOfferEligibilityRequest: Codable, Sendable, Equatable {
+    public var bundleID: String
+    public var keyID: String?
+    public var productID: String
+    /// Whether the customer may get the introductory offer (a JSON boolean).
+    public var allowIntroductoryOffer: Bool
+    /// Required: the customer's transaction ID, digits.
+    public var transactionID: String
+
+    enum CodingKeys: String, CodingKey {
+        case bundleID = "bundle_id", keyID = "key_id", productID = "product_id"
+        case allowIntroductoryOffer = "allow_introductory_offer", transactionID = "transaction_id"
+    }
+
+    public init(bundleID: String, keyID: String? = nil, productID: String, allowIntroductoryOffer: Bool, transactionID: String) {
+        self.bundleID = bundleID
+        self.keyID = keyID
+        self.productID = productID
+        self.allowIntroductoryOffer = allowIntroductoryOffer
+        self.transactionID = transactionID
+    }
+
+    /// Parses a request body.
+    /// - Throws: ``APIError`` naming the field (`missing_field` for `transaction_id`).
+    public init(body: [UInt8]) throws(APIError) {
+        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "product_id", "allow_introductory_offer", "transaction_id"])
+        bundleID = try reader.string("bundle_id", "the app's bundle ID")
+        keyID = try reader.optionalString("key_id")
+        productID = try reader.string("product_id", "the subscription's product identifier")
+        allowIntroductoryOffer = try reader.bool("allow_introductory_offer")
+        transactionID = try reader.string("transaction_id", "the customer's App Store transaction ID (digits)")
+        try reader.finish()
+    }
+}
+
+/// `POST /v1/sign/advanced-commerce-request` request.
+public struct AdvancedCommerceSigningRequest: Codable, Sendable, Equatable {
+    public var bundleID: String
+    public var keyID: String?
+    /// The Advanced Commerce request object; signed as standard Base64 of its compact UTF-8 JSON.
+    public var request: [String: JSONValue]
+
+    enum CodingKeys: String, CodingKey {
+        case bundleID = "bundle_id", keyID = "key_id", request
+    }
+
+    public init(bundleID: String, keyID: String? = nil, request: [String: JSONValue]) {
+        self.bundleID = bundleID
+        self.keyID = keyID
+        self.request = request
+    }
+
+    /// Parses a request body.
+    /// - Throws: ``APIError``; `invalid_field` when `request` is not a JSON object.
+    public init(body: [UInt8]) throws(APIError) {
+        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "request"])
+        bundleID = try reader.string("bundle_id", "the app's bundle ID")
+        keyID = try reader.optionalString("key_id")
+        request = try reader.object("request")
+        try reader.finish()
+    }
+}
+
+/// `POST /v1/tokens/app-store-server-api` request.
+public struct ServerAPITokenRequest: Codable, Sendable, Equatable {
+    public var bundleID: String
+    public var keyID: String?
+    /// Token life in seconds, 1–3600. Default 300.
+    public var ttlSeconds: Int?
+
+    enum CodingKeys: String, CodingKey {
+        case bundleID = "bundle_id", keyID = "key_id", ttlSeconds = "ttl_seconds"
+    }
+
+    public init(bundleID: String, keyID: String? = nil, ttlSeconds: Int? = nil) {
+        self.bundleID = bundleID
+        self.keyID = keyID
+        self.ttlSeconds = ttlSeconds
+    }
+
+    /// Parses a request body.
+    /// - Throws: ``APIError``; `invalid_field` for `ttl_seconds` outside 1–3600.
+    public init(body: [UInt8]) throws(APIError) {
+        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "ttl_seconds"])
+        bundleID = try reader.string("bundle_id", "the app's bundle ID")
+        keyID = try reader.optionalString("key_id")
+        if let ttl = try reader.optionalInteger("ttl_seconds", "seconds") {
+            guard (1...3600).contains(ttl) else {
+                throw APIError(.invalidField, "ttl_seconds must be 1 to 3600 seconds (Apple refuses tokens that live longer than an hour); got \(ttl)", field: "ttl_seconds")
+            }
+            ttlSeconds = Int(ttl)
+        } else {
+            ttlSeconds = nil
+        }
+        try reader.finish()
+    }
+}
+
+/// Response of the three StoreKit JWS endpoints.
+public struct JWSResponse: Codable, Sendable, Equatable {
+    /// The compact JWS.
+    public var jws: String
+    /// The key that signed (the header's `kid`).
+    public var keyID: String
+    /// The `nonce` claim (lowercase UUID v4).
+    public var nonce: String
+
+    enum CodingKeys: String, CodingKey {
+        case jws, keyID = "key_id", nonce
+    }
+
+    public init(jws: String, keyID: String, nonce: String) {
+        self.jws = jws
+        self.keyID = keyID
+        self.nonce = nonce
+    }
+}
+
+/// Response of `POST /v1/tokens/app-store-server-api`.
+public struct ServerAPITokenResponse: Codable, Sendable, Equatable {
+    /// The bearer token (compact JWS) for `Authorization: Bearer …`.
+    public var token: String
+    public var keyID: String
+    /// `iat`, UNIX seconds.
+    public var issuedAt: Int64
+    /// `exp`, UNIX seconds.
+    public var expiresAt: Int64
+
+    enum CodingKeys: String, CodingKey {
+        case token, keyID = "key_id", issuedAt = "issued_at", expiresAt = "expires_at"
+    }
+
+    public init(token: String, keyID: String, issuedAt: Int64, expiresAt: Int64) {
+        self.token = token
+        self.keyID = keyID
+        self.issuedAt = issuedAt
+        self.expiresAt = expiresAt
+    }
+}

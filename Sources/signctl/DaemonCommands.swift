@@ -168,11 +168,99 @@ enum WireBody {
 }
 
 func verifyJWS(_ words: [String]) throws -> ExitCode {
-    throw CommandFailure(.software, "signctl verify jws arrives with the JWS kinds")
+    let arguments = try Arguments(words, options: ["public-key"], flags: ["json"])
+    if arguments.flag("help") {
+        print("usage: signctl verify jws TOKEN --public-key PEM [--json]\n\nDecodes any signerd JWS (the four kinds), checks ES256 with the public key and prints header and claims.\nExit 0 valid, 65 invalid or malformed (a DER signature is named as such).")
+        return .success
+    }
+    let token = try arguments.positionals(1, "the compact JWS").first!  // exactly one
+    let pemPath = try arguments.required("public-key")
+    guard let pem = try? String(contentsOfFile: pemPath, encoding: .utf8) else {
+        throw CommandFailure(.dataError, "cannot read the public key \(pemPath)")
+    }
+    let publicKey = try ECPublicKey(pem: pem)
+    let decoded: CompactJWS.Decoded
+    do {
+        decoded = try CompactJWS.decode(token.trimmingCharacters(in: .whitespacesAndNewlines))
+    } catch {
+        throw CommandFailure(.dataError, "malformed JWS: \(error.message)")
+    }
+    let valid = publicKey.verify(rawSignature: decoded.signature, digest: SHA256.hash(Array(decoded.signingInput.utf8)))
+    func pretty(_ json: String) -> String {
+        guard let object = try? JSONSerialization.jsonObject(with: Data(json.utf8)),
+              let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]) else { return json }
+        return String(decoding: data, as: UTF8.self)
+    }
+    if arguments.flag("json") {
+        print("{\"valid\": \(valid), \"header\": \(decoded.header), \"claims\": \(decoded.claims)}")
+    } else {
+        print(valid ? "valid: ES256 signature verifies with the public key" : "INVALID: the signature does not verify with this public key")
+        print("header: \(pretty(decoded.header))")
+        print("claims: \(pretty(decoded.claims))")
+    }
+    return valid ? .success : .dataError
 }
 
 func signJWSCommand(kind: String, _ words: [String], configPath: String) throws -> ExitCode {
-    throw CommandFailure(.software, "signctl sign \(kind) arrives with the JWS kinds")
+    let path: Route
+    let body: [UInt8]
+    let arguments: Arguments
+    switch kind {
+    case "promotional-offer-v2":
+        arguments = try Arguments(words, options: ["bundle-id", "key-id", "product-id", "offer-id", "transaction-id"], flags: ["json"])
+        if arguments.flag("help") {
+            print("usage: signctl sign promotional-offer-v2 --bundle-id B --product-id P --offer-id O [--transaction-id T] [--key-id K] [--json]")
+            return .success
+        }
+        path = .promotionalOfferV2
+        body = WireBody.encode(PromotionalOfferV2Request(bundleID: try arguments.required("bundle-id"), keyID: arguments.options["key-id"],
+                                                         productID: try arguments.required("product-id"), offerID: try arguments.required("offer-id"),
+                                                         transactionID: arguments.options["transaction-id"]))
+    case "introductory-offer-eligibility":
+        arguments = try Arguments(words, options: ["bundle-id", "key-id", "product-id", "transaction-id", "allow-introductory-offer"], flags: ["json"])
+        if arguments.flag("help") {
+            print("usage: signctl sign introductory-offer-eligibility --bundle-id B --product-id P --transaction-id T --allow-introductory-offer true|false [--key-id K] [--json]")
+            return .success
+        }
+        let allow = try arguments.required("allow-introductory-offer")
+        guard allow == "true" || allow == "false" else { throw UsageError("--allow-introductory-offer must be true or false") }
+        path = .introductoryOfferEligibility
+        body = WireBody.encode(IntroductoryOfferEligibilityRequest(bundleID: try arguments.required("bundle-id"), keyID: arguments.options["key-id"],
+                                                                   productID: try arguments.required("product-id"), allowIntroductoryOffer: allow == "true",
+                                                                   transactionID: try arguments.required("transaction-id")))
+    case "advanced-commerce-request":
+        arguments = try Arguments(words, options: ["bundle-id", "key-id", "request"], flags: ["json"])
+        if arguments.flag("help") {
+            print("usage: signctl sign advanced-commerce-request --bundle-id B --request JSON_OBJECT [--key-id K] [--json]")
+            return .success
+        }
+        guard let object = try? JSONDecoder().decode([String: JSONValue].self, from: Data(try arguments.required("request").utf8)) else {
+            throw UsageError("--request must be a JSON object")
+        }
+        path = .advancedCommerceRequest
+        body = WireBody.encode(AdvancedCommerceSigningRequest(bundleID: try arguments.required("bundle-id"), keyID: arguments.options["key-id"], request: object))
+    default:  // server-api-token
+        arguments = try Arguments(words, options: ["bundle-id", "key-id", "ttl-seconds"], flags: ["json"])
+        if arguments.flag("help") {
+            print("usage: signctl sign server-api-token --bundle-id B [--ttl-seconds 1..3600] [--key-id K] [--json]")
+            return .success
+        }
+        let ttl = arguments.options["ttl-seconds"] == nil ? nil : try arguments.integer("ttl-seconds", default: 300, in: 1...3600)
+        path = .serverAPIToken
+        body = WireBody.encode(ServerAPITokenRequest(bundleID: try arguments.required("bundle-id"), keyID: arguments.options["key-id"], ttlSeconds: ttl))
+    }
+    _ = try arguments.positionals(0, "")
+    let client = try client(configPath: configPath)
+    let response = try call(client, "POST", path.rawValue, body: body)
+    guard response.status == 200 else { throw failure(from: response) }
+    if arguments.flag("json") {
+        print(String(decoding: response.body, as: UTF8.self))
+    } else if let token = try? response.decode(ServerAPITokenResponse.self) {
+        print(token.token)
+    } else if let jws = try? response.decode(JWSResponse.self) {
+        print(jws.jws)
+    }
+    return .success
 }
 
 func bench(_ words: [String], configPath: String) throws -> ExitCode {

@@ -74,7 +74,7 @@ final class DaemonHarness: @unchecked Sendable {
 
     /// Writes signerd.json: the token, the socket, the keys (all for
     /// `com.example.app`, the first also for `com.example.other`), plus `extra`.
-    func writeConfig(_ extra: [String: Any] = [:], keys keyIDs: [String]? = nil) throws {
+    func writeConfig(_ extra: [String: Any] = [:], keys keyIDs: [String]? = nil, removing: [String] = []) throws {
         let ids = keyIDs ?? keys.keys.sorted()
         var object: [String: Any] = [
             "token_uri": tokenURI,
@@ -88,6 +88,7 @@ final class DaemonHarness: @unchecked Sendable {
         ]
         if ids.count > 1 { object["default_key_id"] = ids[0] }
         for (key, value) in extra { object[key] = value }
+        for key in removing { object[key] = nil }
         config = object
         let data = try JSONSerialization.data(withJSONObject: object, options: [.sortedKeys, .prettyPrinted, .withoutEscapingSlashes])
         try data.write(to: URL(fileURLWithPath: configPath))

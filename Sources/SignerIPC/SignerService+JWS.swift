@@ -1,0 +1,107 @@
+import Foundation
+import HSMSigner
+
+/// The audiences Apple gives each JWS kind.
+public enum JWSAudience {
+    /// StoreKit 2 promotional offer (`Product.PurchaseOption.promotionalOffer(_:compactJWS:)`).
+    public static let promotionalOffer = "promotional-offer"
+    /// Introductory offer eligibility.
+    public static let introductoryOfferEligibility = "introductory-offer-eligibility"
+    /// Advanced Commerce in-app request.
+    public static let advancedCommerce = "advanced-commerce-api"
+    /// App Store Server API bearer token.
+    public static let appStoreServerAPI = "appstoreconnect-v1"
+}
+
+extension SignerService {
+    /// The four ES256 compact JWS endpoints. Claims follow Apple's names:
+    /// `iss` (the key's issuer ID), `iat` (seconds), `aud`, `bid`, and for
+    /// the StoreKit kinds `nonce` (fresh lowercase UUID v4) and no `exp`.
+    func signJWS(_ route: Route, _ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> HTTPResponse {
+        let now = AppleFields.nowMilliseconds() / 1000
+        var claims: [String: ClaimValue]
+        let bundleID: String
+        let keyID: String?
+        switch route {
+        case .promotionalOfferV2:
+            let fields = try PromotionalOfferV2Request(body: request.body)
+            try checked { () throws(FieldError) in
+                try AppleFields.checkIdentifier(fields.productID, field: "product_id")
+                try AppleFields.checkIdentifier(fields.offerID, field: "offer_id")
+                if let transactionID = fields.transactionID { try AppleFields.checkTransactionID(transactionID) }
+            }
+            (bundleID, keyID) = (fields.bundleID, fields.keyID)
+            claims = ["aud": .string(JWSAudience.promotionalOffer), "productId": .string(fields.productID),
+                      "offerIdentifier": .string(fields.offerID)]
+            if let transactionID = fields.transactionID { claims["transactionId"] = .string(transactionID) }
+        case .introductoryOfferEligibility:
+            let fields = try IntroductoryOfferEligibilityRequest(body: request.body)
+            try checked { () throws(FieldError) in
+                try AppleFields.checkIdentifier(fields.productID, field: "product_id")
+                try AppleFields.checkTransactionID(fields.transactionID)
+            }
+            (bundleID, keyID) = (fields.bundleID, fields.keyID)
+            claims = ["aud": .string(JWSAudience.introductoryOfferEligibility), "productId": .string(fields.productID),
+                      "allowIntroductoryOffer": .bool(fields.allowIntroductoryOffer), "transactionId": .string(fields.transactionID)]
+        case .advancedCommerceRequest:
+            let fields = try AdvancedCommerceSigningRequest(body: request.body)
+            (bundleID, keyID) = (fields.bundleID, fields.keyID)
+            let json = JSONValue.object(fields.request).compactJSON
+            claims = ["aud": .string(JWSAudience.advancedCommerce), "request": .string(Data(json.utf8).base64EncodedString())]
+        case .serverAPIToken:
+            let fields = try ServerAPITokenRequest(body: request.body)
+            return try serverAPIToken(fields, request.peer, config, now: now)
+        default:
+            throw APIError(.notFound, "\(route.rawValue) is not a JWS endpoint")
+        }
+        try checked { () throws(FieldError) in try AppleFields.checkIdentifier(bundleID, field: "bundle_id") }
+        let key = try resolveKey(bundleID: bundleID, keyID: keyID, peer: request.peer, config)
+        let nonce = AppleFields.randomUUID()
+        claims["iss"] = .string(try issuer(of: key, config))
+        claims["iat"] = .integer(now)
+        claims["bid"] = .string(bundleID)
+        claims["nonce"] = .string(nonce)
+        let jws = try signCompact(claims: claims, keyID: key.keyID, config)
+        return json(200, JWSResponse(jws: jws, keyID: key.keyID, nonce: nonce))
+    }
+
+    /// The App Store Server API bearer token: `iat` backdated by
+    /// `clock_skew_seconds` so a host clock slightly ahead of Apple's gives
+    /// no future `iat`; `exp − iat` never over 3600.
+    private func serverAPIToken(_ fields: ServerAPITokenRequest, _ peer: PeerCredentials, _ config: SignerConfiguration, now: Int64) throws(APIError) -> HTTPResponse {
+        try checked { () throws(FieldError) in try AppleFields.checkIdentifier(fields.bundleID, field: "bundle_id") }
+        let key = try resolveKey(bundleID: fields.bundleID, keyID: fields.keyID, peer: peer, config)
+        let ttl = Int64(fields.ttlSeconds ?? 300)
+        let issuedAt = now - Int64(config.clockSkewSeconds)
+        let expiresAt = min(now + ttl, issuedAt + 3600)
+        let claims: [String: ClaimValue] = [
+            "iss": .string(try issuer(of: key, config)), "iat": .integer(issuedAt), "exp": .integer(expiresAt),
+            "aud": .string(JWSAudience.appStoreServerAPI), "bid": .string(fields.bundleID),
+        ]
+        let token = try signCompact(claims: claims, keyID: key.keyID, config)
+        return json(200, ServerAPITokenResponse(token: token, keyID: key.keyID, issuedAt: issuedAt, expiresAt: expiresAt))
+    }
+
+    private func issuer(of key: KeyConfiguration, _ config: SignerConfiguration) throws(APIError) -> String {
+        guard let issuer = key.issuerID ?? config.issuerID else {
+            throw APIError(.invalidField, "key \(key.keyID) has no issuer ID configured (issuer_id in signerd.json, from App Store Connect → Users and Access → Integrations); JWS kinds need one", field: "key_id")
+        }
+        return issuer
+    }
+
+    /// SHA-256 of the signing input, signed through the token, raw `r ‖ s`
+    /// (verified with the public key first when `verify_before_return`).
+    private func signCompact(claims: [String: ClaimValue], keyID: String, _ config: SignerConfiguration) throws(APIError) -> String {
+        let input = CompactJWS.signingInput(keyID: keyID, claims: claims)
+        let signature = try sign(digest: SHA256.hash(Array(input.utf8)), keyID: keyID, config)
+        do {
+            return try CompactJWS.assemble(signingInput: input, rawSignature: signature.raw)
+        } catch {
+            throw APIError(.internalError, "the token returned a \(signature.raw.count)-byte signature; ES256 needs 64")
+        }
+    }
+
+    private func checked(_ body: () throws(FieldError) -> Void) throws(APIError) {
+        do { try body() } catch { throw APIError(error) }
+    }
+}

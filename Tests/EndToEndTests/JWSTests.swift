@@ -1,0 +1,238 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import TestSupport
+import Testing
+
+/// The four ES256 compact JWS kinds, decoded and checked claim by claim,
+/// verified with OpenSSL and with PyJWT.
+@Suite("signerd JWS kinds", .serialized)
+struct JWSTests {
+    static let issuer = "57246542-96fe-1a63-e053-0824d011072a"
+
+    static let shared: Result<DaemonHarness, any Error> = Result {
+        let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "NOISSUER01"])
+        var config = daemon.config
+        config["keys"] = [
+            ["key_id": "ABC123DEFG", "bundle_ids": ["com.example.app"], "issuer_id": issuer],
+            ["key_id": "NOISSUER01", "bundle_ids": ["com.example.noissuer"]],
+        ] as [[String: Any]]
+        config["clock_skew_seconds"] = 60
+        try daemon.writeConfig(config, removing: ["issuer_id", "default_key_id"])
+        try daemon.start()
+        return daemon
+    }
+
+    let daemon: DaemonHarness
+    init() throws { daemon = try Self.shared.get() }
+
+    var publicKeyPEM: String { daemon.keys["ABC123DEFG"]!.publicKeyPEM }  // imported in shared
+
+    struct Decoded {
+        let header: [String: Any]
+        let claims: [String: Any]
+        let claimsText: String
+        let signature: [UInt8]
+        let signingInput: String
+        let token: String
+    }
+
+    /// Decodes a compact JWS by hand (not with HSMSigner's decoder), checks
+    /// the signature is 64 bytes and verifies it with `openssl dgst` after converting to DER.
+    func decodeAndVerify(_ token: String, sourceLocation: SourceLocation = #_sourceLocation) throws -> Decoded {
+        let parts = token.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
+        try #require(parts.count == 3, sourceLocation: sourceLocation)
+        func base64url(_ text: String) throws -> Data {
+            #expect(!text.contains("=") && !text.contains("+") && !text.contains("/"), "base64url without padding", sourceLocation: sourceLocation)
+            var standard = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+            standard += String(repeating: "=", count: (4 - standard.count % 4) % 4)
+            return try #require(Data(base64Encoded: standard), sourceLocation: sourceLocation)
+        }
+        let header = try #require(try JSONSerialization.jsonObject(with: base64url(parts[0])) as? [String: Any], sourceLocation: sourceLocation)
+        let claimsData = try base64url(parts[1])
+        let claims = try #require(try JSONSerialization.jsonObject(with: claimsData) as? [String: Any], sourceLocation: sourceLocation)
+        let signature = Array(try base64url(parts[2]))
+        #expect(signature.count == 64, "ES256 signature is raw r‖s, 64 bytes", sourceLocation: sourceLocation)
+        #expect(parts[2].count == 86, sourceLocation: sourceLocation)
+        let der = try ECDSASignature.der(fromRaw: signature, curve: .p256)
+        let input = parts[0] + "." + parts[1]
+        #expect(try opensslVerifies(publicKeyPEM: publicKeyPEM, derSignature: der, message: Array(input.utf8)), sourceLocation: sourceLocation)
+        #expect(header as NSDictionary == ["alg": "ES256", "kid": "ABC123DEFG", "typ": "JWT"] as NSDictionary, sourceLocation: sourceLocation)
+        return Decoded(header: header, claims: claims, claimsText: String(decoding: claimsData, as: UTF8.self), signature: signature, signingInput: input, token: token)
+    }
+
+    func post(_ path: String, _ fields: [String: Any]) throws -> ClientResponse {
+        try daemon.client().send("POST", path, body: body(fields))
+    }
+
+    func isLowercaseUUID(_ value: Any?) -> Bool {
+        guard let text = value as? String else { return false }
+        return text.count == 36 && text == text.lowercased() && UUID(uuidString: text) != nil
+    }
+
+    func nowSeconds() -> Int { Int(Date().timeIntervalSince1970) }
+
+    @Test("promotional offer V2: claims exactly, transactionId only when given")
+    func promotionalOfferV2() throws {
+        let withTransaction = try post("/v1/sign/promotional-offer-v2", ["bundle_id": "com.example.app", "product_id": "pro_monthly", "offer_id": "winback", "transaction_id": "2000000123456789"])
+        #expect(withTransaction.status == 200)
+        let response = try withTransaction.decode(JWSResponse.self)
+        let jws = try decodeAndVerify(response.jws)
+        #expect(Set(jws.claims.keys) == ["iss", "iat", "aud", "bid", "nonce", "productId", "offerIdentifier", "transactionId"])
+        #expect(jws.claims["iss"] as? String == Self.issuer)
+        #expect(jws.claims["aud"] as? String == "promotional-offer")
+        #expect(jws.claims["bid"] as? String == "com.example.app")
+        #expect(jws.claims["productId"] as? String == "pro_monthly")
+        #expect(jws.claims["offerIdentifier"] as? String == "winback")
+        #expect(jws.claims["transactionId"] as? String == "2000000123456789")
+        #expect(jws.claims["nonce"] as? String == response.nonce)
+        #expect(isLowercaseUUID(jws.claims["nonce"]))
+        let iat = try #require(jws.claims["iat"] as? Int)
+        #expect(abs(iat - nowSeconds()) <= 5, "iat in seconds")
+        #expect(jws.claims["exp"] == nil)
+        #expect(response.keyID == "ABC123DEFG")
+
+        let without = try post("/v1/sign/promotional-offer-v2", ["bundle_id": "com.example.app", "product_id": "pro_monthly", "offer_id": "winback"]).decode(JWSResponse.self)
+        let bare = try decodeAndVerify(without.jws)
+        #expect(bare.claims["transactionId"] == nil)
+        #expect(Set(bare.claims.keys) == ["iss", "iat", "aud", "bid", "nonce", "productId", "offerIdentifier"])
+        #expect(without.nonce != response.nonce)
+    }
+
+    @Test("introductory offer eligibility: allowIntroductoryOffer is a JSON boolean, transactionId required")
+    func introductoryOfferEligibility() throws {
+        for allow in [true, false] {
+            let response = try post("/v1/sign/introductory-offer-eligibility", ["bundle_id": "com.example.app", "product_id": "pro_monthly",
+                                                                                "allow_introductory_offer": allow, "transaction_id": "42"]).decode(JWSResponse.self)
+            let jws = try decodeAndVerify(response.jws)
+            #expect(Set(jws.claims.keys) == ["iss", "iat", "aud", "bid", "nonce", "productId", "allowIntroductoryOffer", "transactionId"])
+            #expect(jws.claims["aud"] as? String == "introductory-offer-eligibility")
+            #expect((jws.claims["allowIntroductoryOffer"] as? Bool) == allow)
+            #expect(jws.claims["transactionId"] as? String == "42")
+            // A JSON boolean: the claims text says true/false, not 1/0.
+            #expect(jws.claimsText.contains("\"allowIntroductoryOffer\":\(allow)"), "\(jws.claimsText)")
+        }
+    }
+
+    @Test("Advanced Commerce: request is standard Base64 of the compact UTF-8 JSON of the object given")
+    func advancedCommerce() throws {
+        let request: [String: Any] = ["operation": "CREATE_SUBSCRIPTION", "version": "1", "requestInfo": ["requestReferenceId": "0f3a-é"], "items": [["SKU": "sku.1", "price": 4990]]]
+        let response = try post("/v1/sign/advanced-commerce-request", ["bundle_id": "com.example.app", "request": request]).decode(JWSResponse.self)
+        let jws = try decodeAndVerify(response.jws)
+        #expect(Set(jws.claims.keys) == ["iss", "iat", "aud", "bid", "nonce", "request"])
+        #expect(jws.claims["aud"] as? String == "advanced-commerce-api")
+        let encoded = try #require(jws.claims["request"] as? String)
+        let decoded = try #require(Data(base64Encoded: encoded), "standard Base64")
+        let object = try #require(try JSONSerialization.jsonObject(with: decoded) as? NSDictionary)
+        #expect(object == request as NSDictionary)
+        #expect(!String(decoding: decoded, as: UTF8.self).contains(" "), "compact JSON")
+        #expect(String(decoding: decoded, as: UTF8.self).contains("0f3a-é"), "UTF-8, not escaped")
+    }
+
+    @Test("App Store Server API token: iat backdated by the skew, exp − iat ≤ 3600, default life 300 s")
+    func serverAPIToken() throws {
+        let now = nowSeconds()
+        let token = try post("/v1/tokens/app-store-server-api", ["bundle_id": "com.example.app"]).decode(ServerAPITokenResponse.self)
+        let jws = try decodeAndVerify(token.token)
+        #expect(Set(jws.claims.keys) == ["iss", "iat", "exp", "aud", "bid"])
+        #expect(jws.claims["aud"] as? String == "appstoreconnect-v1")
+        let iat = try #require(jws.claims["iat"] as? Int)
+        let exp = try #require(jws.claims["exp"] as? Int)
+        #expect(Int64(iat) == token.issuedAt && Int64(exp) == token.expiresAt)
+        #expect(iat <= now - 55 && iat >= now - 65, "iat backdated by clock_skew_seconds (60)")
+        #expect(exp - now >= 295 && exp - now <= 305)
+        #expect(exp - iat <= 3600)
+
+        let longest = try post("/v1/tokens/app-store-server-api", ["bundle_id": "com.example.app", "ttl_seconds": 3600]).decode(ServerAPITokenResponse.self)
+        let long = try decodeAndVerify(longest.token)
+        #expect((long.claims["exp"] as? Int ?? 0) - (long.claims["iat"] as? Int ?? 0) == 3600, "capped at 3600 even with the skew")
+    }
+
+    @Test("PyJWT (with cryptography) verifies all four kinds independently")
+    func pyjwt() throws {
+        let v2 = try post("/v1/sign/promotional-offer-v2", ["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"]).decode(JWSResponse.self)
+        let intro = try post("/v1/sign/introductory-offer-eligibility", ["bundle_id": "com.example.app", "product_id": "p", "allow_introductory_offer": false, "transaction_id": "7"]).decode(JWSResponse.self)
+        let commerce = try post("/v1/sign/advanced-commerce-request", ["bundle_id": "com.example.app", "request": ["operation": "x"]]).decode(JWSResponse.self)
+        let bearer = try post("/v1/tokens/app-store-server-api", ["bundle_id": "com.example.app", "ttl_seconds": 60]).decode(ServerAPITokenResponse.self)
+        let cases: [[String: String]] = [
+            ["token": v2.jws, "audience": "promotional-offer", "public_key_pem": publicKeyPEM],
+            ["token": intro.jws, "audience": "introductory-offer-eligibility", "public_key_pem": publicKeyPEM],
+            ["token": commerce.jws, "audience": "advanced-commerce-api", "public_key_pem": publicKeyPEM],
+            ["token": bearer.token, "audience": "appstoreconnect-v1", "public_key_pem": publicKeyPEM],
+        ]
+        let script = Binaries.root + "/Tests/EndToEndTests/Scripts/verify_with_pyjwt.py"
+        let output = try run(["python3", script], input: try JSONSerialization.data(withJSONObject: cases))
+        let verified = try #require(try JSONSerialization.jsonObject(with: output) as? [[String: [String: Any]]])
+        #expect(verified.count == 4)
+        #expect(verified[1]["claims"]?["allowIntroductoryOffer"] as? Bool == false)
+        #expect(verified[3]["claims"]?["exp"] != nil)
+        #expect(verified.allSatisfy { $0["header"]?["kid"] as? String == "ABC123DEFG" })
+
+        // A tampered token is refused by PyJWT too (the check can fail).
+        var parts = v2.jws.split(separator: ".").map(String.init)
+        parts[1] = Base64URL.encode(Array(#"{"aud":"promotional-offer","iss":"x","iat":1,"bid":"evil"}"#.utf8))
+        #expect(throws: (any Error).self) {
+            try run(["python3", script], input: try JSONSerialization.data(withJSONObject: [["token": parts.joined(separator: "."), "audience": "promotional-offer", "public_key_pem": publicKeyPEM]]))
+        }
+    }
+
+    struct FieldCase: Sendable, CustomTestStringConvertible {
+        let path: String
+        let fields: [String: any Sendable]
+        let code: String
+        let field: String
+        var testDescription: String { "\(path) \(field) \(code)" }
+    }
+
+    static let fieldCases: [FieldCase] = [
+        FieldCase(path: "/v1/sign/introductory-offer-eligibility", fields: ["bundle_id": "com.example.app", "product_id": "p", "allow_introductory_offer": true], code: "missing_field", field: "transaction_id"),
+        FieldCase(path: "/v1/sign/introductory-offer-eligibility", fields: ["bundle_id": "com.example.app", "product_id": "p", "allow_introductory_offer": "true", "transaction_id": "1"], code: "invalid_field", field: "allow_introductory_offer"),
+        FieldCase(path: "/v1/sign/introductory-offer-eligibility", fields: ["bundle_id": "com.example.app", "product_id": "p", "transaction_id": "1"], code: "missing_field", field: "allow_introductory_offer"),
+        FieldCase(path: "/v1/sign/introductory-offer-eligibility", fields: ["bundle_id": "com.example.app", "product_id": "p", "allow_introductory_offer": true, "transaction_id": "12a"], code: "invalid_field", field: "transaction_id"),
+        FieldCase(path: "/v1/sign/promotional-offer-v2", fields: ["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o", "transaction_id": 123], code: "invalid_field", field: "transaction_id"),
+        FieldCase(path: "/v1/sign/promotional-offer-v2", fields: ["bundle_id": "com.example.app", "product_id": "p"], code: "missing_field", field: "offer_id"),
+        FieldCase(path: "/v1/sign/promotional-offer-v2", fields: ["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o", "offerIdentifier": "o"], code: "unknown_field", field: "offerIdentifier"),
+        FieldCase(path: "/v1/tokens/app-store-server-api", fields: ["bundle_id": "com.example.app", "ttl_seconds": 0], code: "invalid_field", field: "ttl_seconds"),
+        FieldCase(path: "/v1/tokens/app-store-server-api", fields: ["bundle_id": "com.example.app", "ttl_seconds": 3601], code: "invalid_field", field: "ttl_seconds"),
+        FieldCase(path: "/v1/tokens/app-store-server-api", fields: ["bundle_id": "com.example.app", "ttl_seconds": "300"], code: "invalid_field", field: "ttl_seconds"),
+        FieldCase(path: "/v1/sign/advanced-commerce-request", fields: ["bundle_id": "com.example.app", "request": "{\"operation\":\"x\"}"], code: "invalid_field", field: "request"),
+        FieldCase(path: "/v1/sign/advanced-commerce-request", fields: ["bundle_id": "com.example.app", "request": [1, 2]], code: "invalid_field", field: "request"),
+        FieldCase(path: "/v1/sign/advanced-commerce-request", fields: ["bundle_id": "com.example.app"], code: "missing_field", field: "request"),
+        FieldCase(path: "/v1/sign/promotional-offer-v2", fields: ["bundle_id": "com.example.noissuer", "product_id": "p", "offer_id": "o"], code: "invalid_field", field: "key_id"),
+    ]
+
+    @Test("field errors are named", arguments: fieldCases)
+    func fieldErrors(_ fieldCase: FieldCase) throws {
+        let response = try post(fieldCase.path, fieldCase.fields)
+        #expect(response.status == 400, "\(String(decoding: response.body, as: UTF8.self))")
+        #expect(response.error?.code == fieldCase.code)
+        #expect(response.error?.field == fieldCase.field)
+        #expect(response.error?.message.contains(fieldCase.field) == true || fieldCase.field == "key_id")
+        try expectServing(daemon)
+    }
+
+    @Test("signctl sign and signctl verify jws round-trip every kind; a DER signature in a JWS is named")
+    func signctlRoundTrip() throws {
+        try publicKeyPEM.write(toFile: daemon.directory + "/jws-pub.pem", atomically: true, encoding: .utf8)
+        let commands: [[String]] = [
+            ["sign", "promotional-offer-v2", "--bundle-id", "com.example.app", "--product-id", "p", "--offer-id", "o"],
+            ["sign", "introductory-offer-eligibility", "--bundle-id", "com.example.app", "--product-id", "p", "--transaction-id", "9", "--allow-introductory-offer", "true"],
+            ["sign", "advanced-commerce-request", "--bundle-id", "com.example.app", "--request", #"{"operation":"x"}"#],
+            ["sign", "server-api-token", "--bundle-id", "com.example.app", "--ttl-seconds", "120"],
+        ]
+        for command in commands {
+            let token = try daemon.signctl(command).trimmingCharacters(in: .whitespacesAndNewlines)
+            let (status, output) = daemon.signctlStatus(["verify", "jws", token, "--public-key", daemon.directory + "/jws-pub.pem"])
+            #expect(status == 0, "\(command[1]): \(output)")
+            #expect(output.contains("\"alg\" : \"ES256\""))
+        }
+        // The same token with its signature swapped for DER: named, exit 65.
+        let token = try daemon.signctl(commands[0]).trimmingCharacters(in: .whitespacesAndNewlines)
+        var parts = token.split(separator: ".").map(String.init)
+        let raw = try #require(Base64URL.decode(parts[2]))
+        parts[2] = Base64URL.encode(try ECDSASignature.der(fromRaw: raw, curve: .p256))
+        let (status, output) = daemon.signctlStatus(["verify", "jws", parts.joined(separator: "."), "--public-key", daemon.directory + "/jws-pub.pem"])
+        #expect(status == 65)
+        #expect(output.contains("DER"))
+    }
+}

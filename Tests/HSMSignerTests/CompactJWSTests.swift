@@ -1,0 +1,65 @@
+import Foundation
+@testable import HSMSigner
+import TestSupport
+import Testing
+
+@Suite("Compact JWS (ES256)")
+struct CompactJWSTests {
+    @Test("header and claims serialize deterministically, members sorted")
+    func deterministic() {
+        #expect(CompactJWS.header(keyID: "ABC123DEFG") == #"{"alg":"ES256","kid":"ABC123DEFG","typ":"JWT"}"#)
+        let claims: [String: ClaimValue] = ["iss": .string("i"), "iat": .integer(1_790_800_914), "allowIntroductoryOffer": .bool(false), "bid": .string("com.exämple\"app")]
+        #expect(CompactJWS.claimsJSON(claims) == #"{"allowIntroductoryOffer":false,"bid":"com.exämple\"app","iat":1790800914,"iss":"i"}"#)
+        #expect(CompactJWS.signingInput(keyID: "K", claims: claims) == CompactJWS.signingInput(keyID: "K", claims: claims))
+    }
+
+    @Test("base64url: no padding, URL alphabet, round trip; standard Base64 refused", arguments: 0..<40)
+    func base64url(length: Int) throws {
+        let bytes = (0..<length).map { UInt8(truncatingIfNeeded: $0 * 37 + 250) }
+        let text = Base64URL.encode(bytes)
+        #expect(!text.contains("=") && !text.contains("+") && !text.contains("/"))
+        #expect(Base64URL.decode(text) == bytes)
+        let standard = Data(bytes).base64EncodedString()
+        if standard.contains("=") || standard.contains("+") || standard.contains("/") {
+            #expect(Base64URL.decode(standard) == nil)
+        }
+    }
+
+    @Test("decode names malformed tokens, other algorithms and DER signatures")
+    func decodeErrors() throws {
+        let header = Base64URL.encode(Array(#"{"alg":"ES256","kid":"K","typ":"JWT"}"#.utf8))
+        let claims = Base64URL.encode(Array(#"{"iss":"x"}"#.utf8))
+        let raw = [UInt8](repeating: 0x11, count: 64)
+        #expect(try CompactJWS.decode("\(header).\(claims).\(Base64URL.encode(raw))").keyID == "K")
+        let cases: [(String, String)] = [
+            ("a.b", "jws_format"),
+            ("\(header).\(claims).a+b=", "jws_base64url"),
+            ("\(Base64URL.encode(Array(#"{"alg":"HS256"}"#.utf8))).\(claims).\(Base64URL.encode(raw))", "jws_alg"),
+            ("\(Base64URL.encode(Array("[]".utf8))).\(claims).\(Base64URL.encode(raw))", "jws_json"),
+            ("\(header).\(claims).\(Base64URL.encode(try ECDSASignature.der(fromRaw: raw, curve: .p256)))", "jws_signature_der"),
+            ("\(header).\(claims).\(Base64URL.encode(Array(raw.prefix(63))))", "jws_signature_length"),
+        ]
+        for (token, code) in cases {
+            let error = #expect(throws: JWSError.self) { try CompactJWS.decode(token) }
+            #expect(error?.code == code, "\(token)")
+        }
+        #expect(throws: JWSError.self) { try CompactJWS.assemble(signingInput: "a.b", rawSignature: Array(raw.prefix(63))) }
+    }
+
+    @Test("a JWS signed through SoftHSM verifies; a changed claim does not")
+    func signThroughToken() throws {
+        let token = try SoftHSMFixture.shared.makeToken("jws")
+        let hsm = try TokenTests.open(token)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "JWS0000001", replace: false)
+        let input = CompactJWS.signingInput(keyID: "JWS0000001", claims: ["aud": .string("promotional-offer"), "iat": .integer(1)])
+        let signature = try hsm.sign(digest: SHA256.hash(Array(input.utf8)), keyID: "JWS0000001")
+        let jws = try CompactJWS.assemble(signingInput: input, rawSignature: signature.raw)
+        let publicKey = try ECPublicKey(pem: files.publicKeyPEM)
+        #expect(try CompactJWS.verify(jws, publicKey: publicKey) != nil)
+        var parts = jws.split(separator: ".").map(String.init)
+        parts[1] = Base64URL.encode(Array(#"{"aud":"promotional-offer","iat":2}"#.utf8))
+        #expect(try CompactJWS.verify(parts.joined(separator: "."), publicKey: publicKey) == nil)
+    }
+}
