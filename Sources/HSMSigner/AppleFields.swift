@@ -127,14 +127,20 @@ public enum AppleFields {
         var bytes = SecureRandom.bytes(16)
         bytes[6] = (bytes[6] & 0x0f) | 0x40
         bytes[8] = (bytes[8] & 0x3f) | 0x80
-        let hex = bytes.hexString
-        var out = ""
-        out.reserveCapacity(36)
-        for (index, character) in hex.enumerated() {
-            if index == 8 || index == 12 || index == 16 || index == 20 { out.append("-") }
-            out.append(character)
+        let digits = Array("0123456789abcdef".utf8)
+        return String(unsafeUninitializedCapacity: 36) { out in
+            var position = 0
+            for (index, byte) in bytes.enumerated() {
+                if index == 4 || index == 6 || index == 8 || index == 10 {
+                    out[position] = UInt8(ascii: "-")
+                    position += 1
+                }
+                out[position] = digits[Int(byte >> 4)]
+                out[position + 1] = digits[Int(byte & 0x0f)]
+                position += 2
+            }
+            return position
         }
-        return out
     }
 
     /// How far back a promotional offer timestamp may lie: 24 h, in milliseconds.

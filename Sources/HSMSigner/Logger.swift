@@ -130,6 +130,13 @@ public struct Logger: Sendable {
 
     /// Appends `text` as a JSON string literal (RFC 8259 §7).
     public static func appendJSONString(_ text: String, to out: inout String) {
+        // Fast path: printable ASCII without quote or backslash goes in as is.
+        if text.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7f && $0 != 0x22 && $0 != 0x5c }) {
+            out += "\""
+            out += text
+            out += "\""
+            return
+        }
         out += "\""
         for scalar in text.unicodeScalars {
             switch scalar {

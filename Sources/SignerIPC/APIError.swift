@@ -36,8 +36,6 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let rateLimited = Code(rawValue: "rate_limited")
         /// 503: the HSM is unavailable; retry after `Retry-After` seconds.
         public static let hsmUnavailable = Code(rawValue: "hsm_unavailable")
-        /// 503: the daemon is shutting down.
-        public static let shuttingDown = Code(rawValue: "shutting_down")
         /// 500: a bug, or a signature that did not verify (never returned).
         public static let internalError = Code(rawValue: "internal")
 
@@ -51,7 +49,7 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
             case .payloadTooLarge: 413
             case .unsupportedMediaType: 415
             case .rateLimited: 429
-            case .hsmUnavailable, .shuttingDown: 503
+            case .hsmUnavailable: 503
             default: 500
             }
         }

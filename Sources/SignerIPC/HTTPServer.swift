@@ -341,6 +341,8 @@ public final class HTTPServer: @unchecked Sendable {
 
         guard !state.answered else { return .YES }
         state.answered = true
+        // The request is in: its arrival deadline no longer applies (signing has its own timeout).
+        state.connection?.requestStarted.store(0, ordering: .releasing)
         if state.tooLarge {
             return server.queue(server.handler.payloadTooLarge(path: state.path, limit: server.options.maxBodyBytes), on: connection)
         }

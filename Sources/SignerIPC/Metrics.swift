@@ -41,7 +41,12 @@ final class Histogram: Sendable {
 /// The daemon's counters, rendered as Prometheus text format 0.0.4 by
 /// ``render(token:keys:)``.
 public final class Metrics: Sendable {
-    private let requests = Mutex<[String: UInt64]>([:])
+    private struct RequestKey: Hashable {
+        var endpoint: String
+        var status: Int
+    }
+
+    private let requests = Mutex<[RequestKey: UInt64]>([:])
     private let hsmErrors = Mutex<[String: UInt64]>([:])
     private let events = Mutex<[String: UInt64]>([:])
     private static let latencyBounds = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
@@ -56,7 +61,7 @@ public final class Metrics: Sendable {
     ///   - endpoint: the route (`/v1/sign/promotional-offer`, or `other` for unknown paths).
     ///   - status: the HTTP status sent.
     public func countRequest(endpoint: String, status: Int) {
-        requests.withLock { $0["endpoint=\"\(endpoint)\",status=\"\(status)\"", default: 0] += 1 }
+        requests.withLock { $0[RequestKey(endpoint: endpoint, status: status), default: 0] += 1 }
     }
 
     /// Counts a PKCS#11 failure by its `CKR_*` name (or error code when no `CK_RV` applies).
@@ -87,8 +92,9 @@ public final class Metrics: Sendable {
     public func render(token: HSMToken?, keys: Int) -> String {
         var out = ""
         out += "# HELP signerd_requests_total HTTP requests by endpoint and status.\n# TYPE signerd_requests_total counter\n"
-        for (labels, value) in requests.withLock({ $0 }).sorted(by: { $0.key < $1.key }) {
-            out += "signerd_requests_total{\(labels)} \(value)\n"
+        let counted = requests.withLock { $0 }.sorted { ($0.key.endpoint, $0.key.status) < ($1.key.endpoint, $1.key.status) }
+        for (key, value) in counted {
+            out += "signerd_requests_total{endpoint=\"\(key.endpoint)\",status=\"\(key.status)\"} \(value)\n"
         }
         out += "# HELP signerd_sign_queue_seconds Time a signature waited for a free PKCS#11 session.\n# TYPE signerd_sign_queue_seconds histogram\n"
         queueTime.render(name: "signerd_sign_queue_seconds", into: &out)
@@ -104,10 +110,10 @@ public final class Metrics: Sendable {
             "rate_limited": "Requests refused by the per-uid rate limit.",
             "dropped_slow_requests": "Connections dropped because a request took longer than request_timeout_seconds to arrive.",
         ]
-        let counted = events.withLock { $0 }
+        let events = self.events.withLock { $0 }
         for (event, help) in eventHelp.sorted(by: { $0.key < $1.key }) {
             out += "# HELP signerd_\(event)_total \(help)\n# TYPE signerd_\(event)_total counter\n"
-            out += "signerd_\(event)_total \(counted[event] ?? 0)\n"
+            out += "signerd_\(event)_total \(events[event] ?? 0)\n"
         }
         let usage: (inUse: Int, idle: Int, waiting: Int) = token?.sessionUsage ?? (0, 0, 0)
         out += "# HELP signerd_sessions PKCS#11 sessions in the pool.\n# TYPE signerd_sessions gauge\n"

@@ -44,6 +44,14 @@ public final class SignerClient {
         self.timeout = timeout
     }
 
+    /// The credentials of the process at the other end (the daemon), once connected.
+    public var peer: PeerCredentials? {
+        if connection == nil {
+            connection = try? UnixConnection.connect(path: socketPath, timeout: timeout)
+        }
+        return connection.flatMap { UnixListener.peerCredentials($0.fd) }
+    }
+
     /// Closes the connection.
     public func close() {
         connection?.close()
@@ -115,7 +123,7 @@ public final class SignerClient {
             }
             sawBytes = true
         }
-        let head = try HTTPHead(Array(buffer[0..<headEnd!]))  // set in the loop
+        let head = try HTTPHead(buffer[0..<headEnd!])  // set in the loop
         buffer.removeFirst(headEnd! + 4)
         let length = Int(head.headers["content-length"] ?? "0") ?? 0
         while buffer.count < length {
@@ -136,7 +144,9 @@ public final class SignerClient {
     }
 }
 
-/// The status line and headers of a response.
+/// The status line and headers of a response, read from bytes (the
+/// benchmark client runs this for every response, so no Foundation string
+/// splitting here).
 struct HTTPHead {
     var status: Int
     var headers: [String: String] = [:]
@@ -144,24 +154,60 @@ struct HTTPHead {
     /// Index of the blank line ending the head, if it is in `bytes`.
     static func end(of bytes: [UInt8]) -> Int? {
         guard bytes.count >= 4 else { return nil }
-        for index in 0...(bytes.count - 4) where bytes[index] == 13 && bytes[index + 1] == 10 && bytes[index + 2] == 13 && bytes[index + 3] == 10 {
-            return index
+        return bytes.withUnsafeBufferPointer { buffer -> Int? in
+            var index = 0
+            while index + 3 < buffer.count {
+                if buffer[index + 3] != 10 {
+                    index += 1
+                    continue
+                }
+                if buffer[index] == 13 && buffer[index + 1] == 10 && buffer[index + 2] == 13 {
+                    return index
+                }
+                index += 1
+            }
+            return nil
         }
-        return nil
     }
 
-    init(_ bytes: [UInt8]) throws(SocketError) {
-        let lines = String(decoding: bytes, as: UTF8.self).components(separatedBy: "\r\n")
-        let statusParts = lines.first?.split(separator: " ", maxSplits: 2) ?? []
-        guard statusParts.count >= 2, statusParts[0].hasPrefix("HTTP/1."), let status = Int(statusParts[1]) else {
+    init(_ bytes: ArraySlice<UInt8>) throws(SocketError) {
+        // "HTTP/1.1 200 OK"
+        guard bytes.count >= 12, bytes.starts(with: Array("HTTP/1.".utf8)) else {
             throw SocketError("the daemon's response does not start with an HTTP/1.1 status line")
         }
-        self.status = status
-        for line in lines.dropFirst() {
-            guard let colon = line.firstIndex(of: ":") else { continue }
-            let name = line[..<colon].lowercased()
-            let value = line[line.index(after: colon)...].trimmingCharacters(in: .whitespaces)
-            headers[name] = value
+        let start = bytes.startIndex
+        var status = 0
+        for offset in 9..<12 {
+            let digit = bytes[start + offset]
+            guard digit >= 0x30 && digit <= 0x39 else {
+                throw SocketError("the daemon's response has no numeric status")
+            }
+            status = status * 10 + Int(digit - 0x30)
         }
+        self.status = status
+        var lineStart = start
+        var index = start
+        while index < bytes.endIndex {
+            if bytes[index] == 10 {
+                if lineStart != start {
+                    Self.addHeader(bytes[lineStart..<index], to: &headers)
+                }
+                lineStart = index + 1
+            }
+            index += 1
+        }
+        if lineStart < bytes.endIndex && lineStart != start {
+            Self.addHeader(bytes[lineStart..<bytes.endIndex], to: &headers)
+        }
+    }
+
+    private static func addHeader(_ line: ArraySlice<UInt8>, to headers: inout [String: String]) {
+        guard let colon = line.firstIndex(of: UInt8(ascii: ":")) else { return }
+        let name = String(decoding: line[line.startIndex..<colon].map { $0 >= 0x41 && $0 <= 0x5a ? $0 + 0x20 : $0 }, as: UTF8.self)
+        var valueStart = colon + 1
+        var valueEnd = line.endIndex
+        while valueStart < valueEnd && (line[valueStart] == 0x20 || line[valueStart] == 0x09) { valueStart += 1 }
+        while valueEnd > valueStart && (line[valueEnd - 1] == 0x0d || line[valueEnd - 1] == 0x20) { valueEnd -= 1 }
+        headers[name] = String(decoding: line[valueStart..<valueEnd], as: UTF8.self)
     }
 }

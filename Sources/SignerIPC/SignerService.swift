@@ -62,8 +62,10 @@ public final class SignerService: HTTPHandler, Sendable {
     public var configuration: SignerConfiguration { current.withLock { $0 } }
 
     /// Applies a new configuration (SIGHUP) without dropping connections:
-    /// keys, allow-lists and limits change at once; the PIN is re-read, and
-    /// key handles are looked up again on next use.
+    /// keys, bundle IDs, issuer IDs, allow-lists, the rate limit and
+    /// `verify_before_return` change at once; the PIN is re-read, and key
+    /// handles are looked up again on next use. Socket, HTTP limits, thread
+    /// and session counts and the log level keep their start values until a restart.
     /// - Parameter new: the new, already checked configuration.
     /// - Throws: ``ConfigurationError`` when the new one needs a restart
     ///   (another socket or another token); the old one then stays.
@@ -97,30 +99,43 @@ public final class SignerService: HTTPHandler, Sendable {
     // MARK: HTTPHandler
 
     public func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? {
-        guard let route = Route(rawValue: path) else {
-            return respond(.failure(APIError(.notFound, "no endpoint at \(path); see docs/API.md")), endpoint: "other")
-        }
-        guard method == route.method else {
-            var response = respond(.failure(APIError(.methodNotAllowed, "\(path) accepts \(route.method), not \(method)")), endpoint: route.rawValue)
-            response.headers.append(("Allow", route.method))
-            return response
-        }
+        let route = Route(rawValue: path)
+        let endpoint = route?.rawValue ?? "other"
         let config = configuration
+        // Who may call comes first: a peer that is not allowed learns nothing, not even which paths exist.
         guard isAllowed(peer, config) else {
             metrics.count("forbidden")
             logger.warning("peer_forbidden", ["peer.uid": .int(Int64(peer.uid)), "peer.gid": .int(Int64(peer.gid)), "peer.pid": .int(Int64(peer.pid)), "http.path": .string(path)])
-            return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")), endpoint: route.rawValue)
+            return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")), endpoint: endpoint)
+        }
+        guard let route else {
+            return respond(.failure(APIError(.notFound, "no endpoint at \(path); see docs/API.md")), endpoint: endpoint)
+        }
+        guard method == route.method else {
+            var response = respond(.failure(APIError(.methodNotAllowed, "\(path) accepts \(route.method), not \(method)")), endpoint: endpoint)
+            response.headers.append(("Allow", route.method))
+            return response
         }
         if let limited = rateLimit(peer, config) {
             return respond(.failure(limited), endpoint: route.rawValue)
         }
         if route.method == "POST" {
-            let type = contentType?.split(separator: ";").first.map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
-            guard type == "application/json" else {
+            guard let contentType, Self.isJSON(contentType) else {
                 return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentType ?? "none")")), endpoint: route.rawValue)
             }
         }
         return nil
+    }
+
+    /// `application/json`, any case, optionally followed by parameters (`; charset=utf-8`).
+    static func isJSON(_ contentType: String) -> Bool {
+        let expected = Array("application/json".utf8)
+        var bytes = contentType.utf8.drop { $0 == 0x20 || $0 == 0x09 }.makeIterator()
+        for byte in expected {
+            guard let next = bytes.next(), next | 0x20 == byte | 0x20 else { return false }
+        }
+        guard let after = bytes.next() else { return true }
+        return after == UInt8(ascii: ";") || after == 0x20 || after == 0x09
     }
 
     public func payloadTooLarge(path: String, limit: Int) -> HTTPResponse {
@@ -135,7 +150,7 @@ public final class SignerService: HTTPHandler, Sendable {
         let result: Result<HTTPResponse, APIError>
         switch route {
         case .healthz:
-            result = .success(json(200, ["status": "ok"]))
+            result = .success(HTTPResponse(status: 200, body: Self.healthyBody))
         case .readyz:
             let (ready, body) = checkReadiness(config)
             var response = json(ready ? 200 : 503, body)
@@ -166,6 +181,8 @@ public final class SignerService: HTTPHandler, Sendable {
         metrics.countRequest(endpoint: endpoint, status: response.status)
         return response
     }
+
+    private static let healthyBody = Array(#"{"status":"ok"}"#.utf8)
 
     func json(_ status: Int, _ value: some Encodable) -> HTTPResponse {
         HTTPResponse(status: status, body: WireJSON.encode(value))
@@ -241,6 +258,8 @@ public final class SignerService: HTTPHandler, Sendable {
                 throw APIError(.bundleNotAllowed, "key \(keyID) may not sign for bundle_id \(bundleID); its bundle_ids are \(key.bundleIDs.joined(separator: ", "))", field: "bundle_id")
             }
             guard callerMay(key) else {
+                metrics.count("forbidden")
+                logger.warning("peer_forbidden_for_key", ["peer.uid": .int(Int64(peer.uid)), "peer.pid": .int(Int64(peer.pid)), "key.id": .string(keyID)])
                 throw APIError(.forbidden, "uid \(peer.uid) may not use key \(keyID)", field: "key_id")
             }
             return key

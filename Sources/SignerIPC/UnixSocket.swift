@@ -194,20 +194,18 @@ public final class UnixConnection: @unchecked Sendable {
     /// - Returns: the number of bytes read; 0 means the peer closed.
     /// - Throws: ``SocketError`` on a read error or timeout.
     public func read(appendingTo buffer: inout [UInt8], maximum: Int = 16 * 1024) throws(SocketError) -> Int {
-        let start = buffer.count
-        buffer.append(contentsOf: repeatElement(0, count: maximum))
         while true {
-            let n = buffer.withUnsafeMutableBytes { recv(fd, $0.baseAddress! + start, maximum, 0) }  // grown above: non-nil
+            let n = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, min(maximum, $0.count), 0) }
             if n < 0 {
                 if errno == EINTR { continue }
-                let code = errno
-                buffer.removeLast(maximum)
-                throw SocketError("read from the socket failed", errno: code)
+                throw SocketError("read from the socket failed", errno: errno)
             }
-            buffer.removeLast(maximum - n)
+            buffer.append(contentsOf: scratch[0..<n])
             return n
         }
     }
+
+    private var scratch = [UInt8](repeating: 0, count: 16 * 1024)
 
     /// Closes the connection (idempotent).
     public func close() {

@@ -214,7 +214,7 @@ public struct KeysResponse: Codable, Sendable, Equatable {
         public var issuerID: String?
         public var bundleIDs: [String]
         public var curve: String
-        /// PEM SubjectPublicKeyInfo; null when the key is not on the token.
+        /// PEM SubjectPublicKeyInfo; absent when the key is not on the token.
         public var publicKeyPEM: String?
         public var tokenLabel: String
 
@@ -300,9 +300,110 @@ public struct ErrorResponse: Codable, Sendable, Equatable {
     public var error: Body
 }
 
+/// A response body the daemon writes without JSONEncoder (the hot paths:
+/// every signing response). Tests decode these bodies with the Codable
+/// conformances, so both stay in step.
+protocol DirectJSON {
+    /// The compact JSON bytes.
+    var jsonBytes: [UInt8] { get }
+}
+
+/// Builds one compact JSON object member by member.
+struct JSONObjectWriter {
+    private var text = "{"
+    private var first = true
+
+    private mutating func key(_ name: String) {
+        if !first { text += "," }
+        first = false
+        text += "\""
+        text += name
+        text += "\":"
+    }
+
+    mutating func add(_ name: String, _ value: String) {
+        key(name)
+        Logger.appendJSONString(value, to: &text)
+    }
+
+    mutating func add(_ name: String, _ value: Int64) {
+        key(name)
+        text += String(value)
+    }
+
+    mutating func add(_ name: String, raw json: String) {
+        key(name)
+        text += json
+    }
+
+    var string: String { text + "}" }
+    var bytes: [UInt8] { Array(string.utf8) }
+}
+
+extension PromotionalOfferResponse: DirectJSON {
+    var jsonBytes: [UInt8] {
+        var writer = JSONObjectWriter()
+        writer.add("key_id", keyID)
+        writer.add("nonce", nonce)
+        writer.add("timestamp", timestamp)
+        writer.add("signature", signature)
+        return writer.bytes
+    }
+}
+
+extension JWSResponse: DirectJSON {
+    var jsonBytes: [UInt8] {
+        var writer = JSONObjectWriter()
+        writer.add("jws", jws)
+        writer.add("key_id", keyID)
+        writer.add("nonce", nonce)
+        return writer.bytes
+    }
+}
+
+extension ServerAPITokenResponse: DirectJSON {
+    var jsonBytes: [UInt8] {
+        var writer = JSONObjectWriter()
+        writer.add("token", token)
+        writer.add("key_id", keyID)
+        writer.add("issued_at", issuedAt)
+        writer.add("expires_at", expiresAt)
+        return writer.bytes
+    }
+}
+
+extension OffersResponse: DirectJSON {
+    var jsonBytes: [UInt8] {
+        let entries = offers.map { offer -> String in
+            var writer = JSONObjectWriter()
+            if let keyID = offer.keyID { writer.add("key_id", keyID) }
+            writer.add("offer_id", offer.offerID)
+            writer.add("product_id", offer.productID)
+            if let data = offer.signatureData {
+                var inner = JSONObjectWriter()
+                inner.add("nonce", data.nonce)
+                inner.add("signature", data.signature)
+                inner.add("timestamp", data.timestamp)
+                writer.add("signature_data", raw: inner.string)
+            }
+            if let error = offer.signatureError {
+                var inner = JSONObjectWriter()
+                inner.add("code", Int64(error.code))
+                inner.add("message", error.message)
+                writer.add("signature_error", raw: inner.string)
+            }
+            return writer.string
+        }
+        return Array(("{\"offers\":[" + entries.joined(separator: ",") + "]}").utf8)
+    }
+}
+
 /// Encodes wire values as compact JSON with the contract's key order kept stable (sorted).
 enum WireJSON {
     static func encode(_ value: some Encodable) -> [UInt8] {
+        if let direct = value as? any DirectJSON {
+            return direct.jsonBytes
+        }
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
         // Encoding these value types cannot fail: no floats that are NaN, no custom throwing encoders.

@@ -264,5 +264,70 @@ func signJWSCommand(kind: String, _ words: [String], configPath: String) throws 
 }
 
 func bench(_ words: [String], configPath: String) throws -> ExitCode {
-    throw CommandFailure(.software, "signctl bench arrives with the benchmark")
+    let arguments = try Arguments(words, options: ["concurrency", "duration", "requests", "endpoint", "key-id", "bundle-id"], flags: ["direct", "verify", "json"])
+    if arguments.flag("help") {
+        print("""
+        usage: signctl bench [--concurrency N] [--duration S | --requests N] [--endpoint E] [--verify] [--json]
+               signctl bench --direct [--concurrency N] [--duration S | --requests N] [--key-id K] [--verify] [--json]
+
+        Closed-loop load over signerd's socket: N keep-alive connections, each sending the next request when
+        the previous answer arrived. Every response counts as an error unless it is a 200 with a well-formed
+        signature; --verify also checks each signature with the public key (off by default, so the client
+        does not become the bottleneck). Reports requests/s, latency p50/p90/p99/p99.9/max, errors by code,
+        and the daemon's RSS and open descriptors before and after (from /proc).
+
+        --direct is the baseline: the same SHA-256 + C_SignInit/C_Sign loop through the PKCS#11 module in
+        this process (token_uri from the config), N threads with one session each, no socket.
+
+        Endpoints: \(LoadGenerator.Endpoint.allCases.map(\.rawValue).joined(separator: ", ")). Defaults: --concurrency 8 --duration 10.
+        """)
+        return .success
+    }
+    _ = try arguments.positionals(0, "")
+    let concurrency = try arguments.integer("concurrency", default: 8, in: 1...1024)
+    let length: BenchmarkLength
+    if arguments.options["requests"] != nil {
+        guard arguments.options["duration"] == nil else { throw UsageError("give --duration or --requests, not both") }
+        length = .requests(try arguments.integer("requests", default: 1000, in: 1...100_000_000))
+    } else {
+        guard let seconds = Double(arguments.options["duration"] ?? "10"), seconds > 0, seconds <= 86_400 else {
+            throw UsageError("--duration must be seconds, more than 0")
+        }
+        length = .seconds(seconds)
+    }
+    let config = try loadConfiguration(configPath)
+    let report: BenchmarkReport
+    if arguments.flag("direct") {
+        var options = TokenOptions()
+        options.sessionPoolSize = concurrency
+        options.logger = Logger(minimumLevel: .warning)
+        let token = try HSMToken(uri: PKCS11URI(config.tokenURI), options: options)
+        defer { token.close() }
+        guard let keyID = arguments.options["key-id"] ?? config.keys.first?.keyID else {
+            throw UsageError("--key-id is required when the configuration lists no keys")
+        }
+        report = try DirectBenchmark(token: token, keyID: keyID, concurrency: concurrency, length: length, verify: arguments.flag("verify")).run()
+    } else {
+        guard let endpoint = LoadGenerator.Endpoint(rawValue: arguments.options["endpoint"] ?? "promotional-offer") else {
+            throw UsageError("unknown --endpoint", hint: "endpoints: \(LoadGenerator.Endpoint.allCases.map(\.rawValue).joined(separator: ", "))")
+        }
+        do {
+            report = try LoadGenerator(socketPath: config.socketPath, endpoint: endpoint, concurrency: concurrency, length: length,
+                                       verify: arguments.flag("verify"), bundleID: arguments.options["bundle-id"], keyID: arguments.options["key-id"]).run()
+        } catch let error as SocketError {
+            throw CommandFailure(.unavailable, "signerd is not reachable at \(config.socketPath): \(error.message)")
+        }
+    }
+    if arguments.flag("json") {
+        printJSON(report)
+    } else {
+        func ms(_ key: String) -> String { String(format: "%.3f", report.latencyMs[key] ?? 0) }
+        print("\(report.mode) \(report.endpoint): \(report.concurrency) \(report.mode == "direct" ? "threads" : "connections"), \(report.requests) requests in \(String(format: "%.2f", report.durationSeconds)) s")
+        print(String(format: "throughput: %.0f requests/s", report.throughput))
+        print("latency ms: p50 \(ms("p50"))  p90 \(ms("p90"))  p99 \(ms("p99"))  p99.9 \(ms("p99.9"))  max \(ms("max"))  mean \(ms("mean"))")
+        print("errors: \(report.errorCount == 0 ? "none" : report.errors.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+        if let rss = report.rssKiB { print("daemon RSS KiB: before \(rss["before"] ?? 0), after \(rss["after"] ?? 0)") }
+        if let fds = report.openFDs { print("daemon open descriptors: before \(fds["before"] ?? 0), after \(fds["after"] ?? 0)") }
+    }
+    return report.errorCount == 0 ? .success : .failure
 }

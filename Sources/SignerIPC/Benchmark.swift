@@ -1,0 +1,394 @@
+import Foundation
+import HSMSigner
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What a benchmark run measured (`signctl bench --json`).
+public struct BenchmarkReport: Codable, Sendable {
+    /// `socket` (through signerd) or `direct` (PKCS#11 in-process).
+    public var mode: String
+    /// The endpoint (socket mode) or `sign` (direct).
+    public var endpoint: String
+    /// Connections (socket) or threads (direct).
+    public var concurrency: Int
+    /// Completed requests or signatures, errors included.
+    public var requests: Int
+    /// Wall-clock duration of the run, in seconds.
+    public var durationSeconds: Double
+    /// Successful requests per second.
+    public var throughput: Double
+    /// Latency percentiles and mean, in milliseconds (successful requests).
+    public var latencyMs: [String: Double]
+    /// Errors by code (`http_503`, `hsm_unavailable`, `malformed_signature`, `invalid_signature`, `socket`).
+    public var errors: [String: Int]
+    /// Whether each signature was verified with the public key by the client.
+    public var verified: Bool
+    /// The daemon's resident set size before and after, in KiB (socket mode).
+    public var rssKiB: [String: Int]?
+    /// The daemon's open file descriptors before and after (socket mode).
+    public var openFDs: [String: Int]?
+
+    enum CodingKeys: String, CodingKey {
+        case mode, endpoint, concurrency, requests, durationSeconds = "duration_s", throughput = "throughput_rps"
+        case latencyMs = "latency_ms", errors, verified, rssKiB = "rss_kib", openFDs = "open_fds"
+    }
+
+    /// Total errors.
+    public var errorCount: Int { errors.values.reduce(0, +) }
+}
+
+/// How long a run lasts: a time, or a number of requests in total.
+public enum BenchmarkLength: Sendable {
+    case seconds(Double)
+    case requests(Int)
+}
+
+/// Per-thread results, merged at the end.
+final class BenchmarkTally: @unchecked Sendable {
+    // Each instance is written by one thread and read after it finished.
+    var latencies: [UInt64] = []
+    var errors: [String: Int] = [:]
+    var count = 0
+}
+
+/// Shared stop condition for the worker threads.
+final class BenchmarkClock: Sendable {
+    let remaining: Atomic<Int>
+    let deadline: UInt64
+    let limitedByCount: Bool
+
+    init(_ length: BenchmarkLength) {
+        switch length {
+        case .seconds(let seconds):
+            remaining = Atomic(Int.max)
+            deadline = MonotonicClock.deadline(after: seconds)
+            limitedByCount = false
+        case .requests(let count):
+            remaining = Atomic(count)
+            deadline = UInt64.max
+            limitedByCount = true
+        }
+    }
+
+    /// Claims one more request; false when the run is over.
+    func next() -> Bool {
+        if limitedByCount {
+            return remaining.subtract(1, ordering: .relaxed).newValue >= 0
+        }
+        return MonotonicClock.now() < deadline
+    }
+}
+
+/// Statistics over nanosecond samples.
+enum LatencyStatistics {
+    static func summarize(_ samples: [UInt64]) -> [String: Double] {
+        guard !samples.isEmpty else { return [:] }
+        let sorted = samples.sorted()
+        func percentile(_ p: Double) -> Double {
+            let index = min(sorted.count - 1, Int((p / 100 * Double(sorted.count)).rounded(.up)) - 1)
+            return Double(sorted[max(0, index)]) / 1e6
+        }
+        let mean = Double(sorted.reduce(0, +)) / Double(sorted.count) / 1e6
+        return ["p50": percentile(50), "p90": percentile(90), "p99": percentile(99), "p99.9": percentile(99.9),
+                "max": Double(sorted.last!) / 1e6, "mean": mean]  // non-empty: checked above
+    }
+}
+
+/// Reads a process's resident memory and open descriptors from /proc.
+public enum ProcessStatistics {
+    /// `VmRSS` of `pid` in KiB, or nil.
+    public static func residentKiB(_ pid: Int32) -> Int? {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8) else { return nil }
+        for line in status.split(separator: "\n") where line.hasPrefix("VmRSS:") {
+            return Int(line.split(separator: " ", omittingEmptySubsequences: true).dropFirst().first ?? "")
+        }
+        return nil
+    }
+
+    /// The number of open descriptors of `pid`, or nil (needs the same uid or root).
+    public static func openDescriptors(_ pid: Int32) -> Int? {
+        (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd"))?.count
+    }
+}
+
+/// A closed-loop load generator over signerd's socket: `concurrency`
+/// keep-alive connections, each sending the next request as soon as the
+/// previous answer arrived. A response counts as an error unless it is a 200
+/// carrying a well-formed signature (DER for the classic kinds, 64-byte
+/// ES256 for JWS); with `verify`, each signature is also verified with the
+/// key's public key.
+public struct LoadGenerator: Sendable {
+    /// The endpoints the generator can drive.
+    public enum Endpoint: String, Sendable, CaseIterable {
+        case promotionalOffer = "promotional-offer"
+        case offers
+        case promotionalOfferV2 = "promotional-offer-v2"
+        case introductoryOfferEligibility = "introductory-offer-eligibility"
+        case advancedCommerceRequest = "advanced-commerce-request"
+        case serverAPIToken = "server-api-token"
+        case healthz
+    }
+
+    public var socketPath: String
+    public var endpoint: Endpoint
+    public var concurrency: Int
+    public var length: BenchmarkLength
+    public var verify: Bool
+    public var bundleID: String?
+    public var keyID: String?
+
+    /// Makes a generator.
+    public init(socketPath: String, endpoint: Endpoint, concurrency: Int, length: BenchmarkLength, verify: Bool, bundleID: String? = nil, keyID: String? = nil) {
+        self.socketPath = socketPath
+        self.endpoint = endpoint
+        self.concurrency = concurrency
+        self.length = length
+        self.verify = verify
+        self.bundleID = bundleID
+        self.keyID = keyID
+    }
+
+    /// Runs the load and reports.
+    /// - Throws: ``SocketError`` when the daemon is unreachable at the start,
+    ///   or a ``BenchmarkError`` when no key serves a bundle.
+    public func run() throws -> BenchmarkReport {
+        let probe = SignerClient(socketPath: socketPath, timeout: 30)
+        let keys = try probe.send("GET", "/v1/keys").decode(KeysResponse.self).keys
+        guard let key = keys.first(where: { keyID == nil || $0.keyID == keyID }) else {
+            throw BenchmarkError("no configured key\(keyID.map { " \($0)" } ?? "") is listed by /v1/keys")
+        }
+        let bundle = bundleID ?? key.bundleIDs[0]
+        let publicKey = try key.publicKeyPEM.map { try ECPublicKey(pem: $0) }
+        if verify && publicKey == nil {
+            throw BenchmarkError("key \(key.keyID) has no public key on the token; cannot --verify")
+        }
+        let daemonPID = probe.peer?.pid
+        let rssBefore = daemonPID.flatMap(ProcessStatistics.residentKiB)
+        let fdsBefore = daemonPID.flatMap(ProcessStatistics.openDescriptors)
+        probe.close()
+
+        let (path, requestBody) = request(bundle: bundle, keyID: key.keyID)
+        let clock = BenchmarkClock(length)
+        let tallies = (0..<concurrency).map { _ in BenchmarkTally() }
+        let started = MonotonicClock.now()
+        let group = DispatchGroup()
+        for tally in tallies {
+            group.enter()
+            let generator = self
+            let verifyKey = verify ? publicKey : nil
+            OSThread.start {
+                defer { group.leave() }
+                generator.loop(path: path, body: requestBody, keyID: key.keyID, bundleID: bundle, publicKey: verifyKey, clock: clock, tally: tally)
+            }
+        }
+        group.wait()
+        let elapsed = Double(MonotonicClock.now() - started) / 1e9
+        // Let the daemon settle (closed connections reaped) before reading its RSS and descriptors.
+        usleep(300_000)
+        var errors: [String: Int] = [:]
+        var latencies: [UInt64] = []
+        var count = 0
+        for tally in tallies {
+            latencies.append(contentsOf: tally.latencies)
+            count += tally.count
+            for (code, n) in tally.errors { errors[code, default: 0] += n }
+        }
+        var rss: [String: Int]?
+        var fds: [String: Int]?
+        if let daemonPID {
+            rss = ["before": rssBefore ?? 0, "after": ProcessStatistics.residentKiB(daemonPID) ?? 0]
+            fds = ["before": fdsBefore ?? 0, "after": ProcessStatistics.openDescriptors(daemonPID) ?? 0]
+        }
+        return BenchmarkReport(mode: "socket", endpoint: endpoint.rawValue, concurrency: concurrency, requests: count,
+                               durationSeconds: elapsed, throughput: Double(latencies.count) / elapsed,
+                               latencyMs: LatencyStatistics.summarize(latencies), errors: errors, verified: verify,
+                               rssKiB: rss, openFDs: fds)
+    }
+
+    private func request(bundle: String, keyID: String) -> (String, [UInt8]?) {
+        func json(_ object: [String: Any]) -> [UInt8] {
+            Array((try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys])) ?? Data())
+        }
+        switch endpoint {
+        case .promotionalOffer:
+            return (Route.promotionalOffer.rawValue, json(["bundle_id": bundle, "key_id": keyID, "product_id": "bench_product", "offer_id": "bench_offer"]))
+        case .offers:
+            return (Route.offers.rawValue, json(["bundle_id": bundle, "app_user_id": "bench_user", "generate_offers": [["offer_id": "bench_offer", "product_id": "bench_product"]]]))
+        case .promotionalOfferV2:
+            return (Route.promotionalOfferV2.rawValue, json(["bundle_id": bundle, "key_id": keyID, "product_id": "bench_product", "offer_id": "bench_offer"]))
+        case .introductoryOfferEligibility:
+            return (Route.introductoryOfferEligibility.rawValue, json(["bundle_id": bundle, "key_id": keyID, "product_id": "bench_product", "allow_introductory_offer": true, "transaction_id": "1"]))
+        case .advancedCommerceRequest:
+            return (Route.advancedCommerceRequest.rawValue, json(["bundle_id": bundle, "key_id": keyID, "request": ["operation": "BENCH"]]))
+        case .serverAPIToken:
+            return (Route.serverAPIToken.rawValue, json(["bundle_id": bundle, "key_id": keyID]))
+        case .healthz:
+            return (Route.healthz.rawValue, nil)
+        }
+    }
+
+    private func loop(path: String, body: [UInt8]?, keyID: String, bundleID: String, publicKey: ECPublicKey?, clock: BenchmarkClock, tally: BenchmarkTally) {
+        let client = SignerClient(socketPath: socketPath, timeout: 30)
+        defer { client.close() }
+        tally.latencies.reserveCapacity(clock.limitedByCount ? 1 << 16 : 1 << 18)
+        let method = body == nil ? "GET" : "POST"
+        while clock.next() {
+            let start = MonotonicClock.now()
+            let response: ClientResponse
+            do {
+                response = try client.send(method, path, body: body)
+            } catch {
+                tally.count += 1
+                tally.errors["socket", default: 0] += 1
+                usleep(10_000)
+                continue
+            }
+            let elapsed = MonotonicClock.now() - start
+            tally.count += 1
+            if let problem = check(response, keyID: keyID, bundleID: bundleID, publicKey: publicKey) {
+                tally.errors[problem, default: 0] += 1
+            } else {
+                tally.latencies.append(elapsed)
+            }
+        }
+    }
+
+    /// nil when the response is a 200 with a well-formed (and, with a key, valid) signature.
+    func check(_ response: ClientResponse, keyID: String, bundleID: String, publicKey: ECPublicKey?) -> String? {
+        guard response.status == 200 else {
+            return response.error?.code ?? "http_\(response.status)"
+        }
+        switch endpoint {
+        case .healthz:
+            return nil
+        case .promotionalOffer, .offers:
+            guard let text = Self.stringMember("signature", in: response.body),
+                  let der = Data(base64Encoded: text), (try? ECDSASignature.raw(fromDER: Array(der), curve: .p256)) != nil else {
+                return "malformed_signature"
+            }
+            guard let publicKey else { return nil }
+            guard let nonce = Self.stringMember("nonce", in: response.body), let timestamp = Self.integerMember("timestamp", in: response.body),
+                  let payload = try? PromotionalOfferPayload(bundleID: bundleID, keyID: keyID, productID: "bench_product", offerID: "bench_offer",
+                                                             appAccountToken: "", nonce: nonce, timestamp: timestamp) else {
+                return "malformed_response"
+            }
+            return publicKey.verify(derSignature: Array(der), digest: SHA256.hash(payload.payload)) ? nil : "invalid_signature"
+        case .promotionalOfferV2, .introductoryOfferEligibility, .advancedCommerceRequest, .serverAPIToken:
+            guard let token = Self.stringMember(endpoint == .serverAPIToken ? "token" : "jws", in: response.body),
+                  let decoded = try? CompactJWS.decode(token) else {
+                return "malformed_signature"
+            }
+            guard let publicKey else { return nil }
+            return publicKey.verify(rawSignature: decoded.signature, digest: SHA256.hash(Array(decoded.signingInput.utf8))) ? nil : "invalid_signature"
+        }
+    }
+
+    /// The value of `"name":"…"` in a signerd response body (values without escapes).
+    static func stringMember(_ name: String, in body: [UInt8]) -> String? {
+        guard let start = end(of: Array("\"\(name)\":\"".utf8), in: body),
+              let end = body[start...].firstIndex(of: UInt8(ascii: "\"")) else { return nil }
+        return String(decoding: body[start..<end], as: UTF8.self)
+    }
+
+    /// The index just after the first occurrence of `needle` in `body`.
+    static func end(of needle: [UInt8], in body: [UInt8]) -> Int? {
+        guard let first = needle.first, body.count >= needle.count else { return nil }
+        var index = 0
+        while index <= body.count - needle.count {
+            if body[index] == first && body[index..<(index + needle.count)].elementsEqual(needle) {
+                return index + needle.count
+            }
+            index += 1
+        }
+        return nil
+    }
+
+    static func integerMember(_ name: String, in body: [UInt8]) -> Int64? {
+        guard let start = end(of: Array("\"\(name)\":".utf8), in: body) else { return nil }
+        let digits = body[start...].prefix { $0 >= 0x30 && $0 <= 0x39 }
+        return Int64(String(decoding: digits, as: UTF8.self))
+    }
+}
+
+/// A benchmark that cannot run.
+public struct BenchmarkError: Error, CustomStringConvertible {
+    public var description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// The baseline: the same SHA-256 + `C_SignInit`/`C_Sign` loop through the
+/// PKCS#11 module in-process, `concurrency` threads with one session each
+/// (the token's pool is sized to the thread count), no socket.
+public struct DirectBenchmark: Sendable {
+    public var token: HSMToken
+    public var keyID: String
+    public var concurrency: Int
+    public var length: BenchmarkLength
+    public var verify: Bool
+
+    /// Makes a baseline run; `token` should have a pool of at least `concurrency` sessions.
+    public init(token: HSMToken, keyID: String, concurrency: Int, length: BenchmarkLength, verify: Bool) {
+        self.token = token
+        self.keyID = keyID
+        self.concurrency = concurrency
+        self.length = length
+        self.verify = verify
+    }
+
+    /// Runs the loop and reports.
+    /// - Throws: ``HSMError`` when the key is unusable.
+    public func run() throws -> BenchmarkReport {
+        let publicKey = try token.publicKey(keyID: keyID)
+        _ = try token.sign(digest: SHA256.hash([0]), keyID: keyID)  // warm the key handle cache
+        let clock = BenchmarkClock(length)
+        let tallies = (0..<concurrency).map { _ in BenchmarkTally() }
+        let started = MonotonicClock.now()
+        let group = DispatchGroup()
+        for (index, tally) in tallies.enumerated() {
+            group.enter()
+            let benchmark = self
+            OSThread.start {
+                defer { group.leave() }
+                var counter = 0
+                while clock.next() {
+                    counter += 1
+                    let start = MonotonicClock.now()
+                    let message = Array("bench\u{2063}\(index)\u{2063}\(counter)\u{2063}\(start)".utf8)
+                    let digest = SHA256.hash(message)
+                    do {
+                        let signature = try benchmark.token.sign(digest: digest, keyID: benchmark.keyID)
+                        let elapsed = MonotonicClock.now() - start
+                        tally.count += 1
+                        if benchmark.verify && !publicKey.verify(rawSignature: signature.raw, digest: digest) {
+                            tally.errors["invalid_signature", default: 0] += 1
+                        } else {
+                            tally.latencies.append(elapsed)
+                        }
+                    } catch let error as HSMError {
+                        tally.count += 1
+                        tally.errors[error.returnValue?.name ?? error.code.rawValue, default: 0] += 1
+                    } catch {
+                        tally.count += 1
+                        tally.errors["\(error)", default: 0] += 1
+                    }
+                }
+            }
+        }
+        group.wait()
+        let elapsed = Double(MonotonicClock.now() - started) / 1e9
+        var errors: [String: Int] = [:]
+        var latencies: [UInt64] = []
+        var count = 0
+        for tally in tallies {
+            latencies.append(contentsOf: tally.latencies)
+            count += tally.count
+            for (code, n) in tally.errors { errors[code, default: 0] += n }
+        }
+        return BenchmarkReport(mode: "direct", endpoint: "sign", concurrency: concurrency, requests: count, durationSeconds: elapsed,
+                               throughput: Double(latencies.count) / elapsed, latencyMs: LatencyStatistics.summarize(latencies),
+                               errors: errors, verified: verify, rssKiB: nil, openFDs: nil)
+    }
+}
