@@ -75,6 +75,8 @@ public final class HSMToken: @unchecked Sendable {
     /// Serializes logins and recovery so two threads never log in or
     /// reinitialize the same token at once.
     private let loginLock = Mutex(())
+    /// `C_SignInit`/`C_Sign` calls now inside the module, with their start time.
+    private let inFlight = Mutex<[ObjectIdentifier: (lease: SessionLease, started: UInt64)]>([:])
     private var logger: Logger { options.logger }
 
     struct CachedKey: Sendable {
@@ -92,6 +94,9 @@ public final class HSMToken: @unchecked Sendable {
         var status: TokenStatus = .up
         var recovering = false
         var downSince: UInt64 = 0
+        /// Whether recovery must start with `C_Finalize` + `C_Initialize`
+        /// (device and module failures) or may first try new sessions.
+        var needsReinitialize = false
         var closed = false
     }
 
@@ -415,8 +420,20 @@ public final class HSMToken: @unchecked Sendable {
             let lease = try checkout()
             let signStart = MonotonicClock.now()
             queue += signStart - waitStart
+            let call = ObjectIdentifier(lease)
+            inFlight.withLock { $0[call] = (lease, signStart) }
             let (rv, function, raw) = functions.signECDSA(lease.handle, key: key.handle, digest: digest)
+            inFlight.withLock { _ = $0.removeValue(forKey: call) }
             hsm += MonotonicClock.now() - signStart
+            if lease.quarantined.load(ordering: .acquiring) {
+                // Written off while it ran (a hung call): its caller was already
+                // answered; the session is closed, never reused.
+                pool.checkin(lease)
+                var error = HSMError(.signTimeout, "the signing call with key \(keyID) outlived the timeout; its session was quarantined")
+                error.keyID = keyID
+                error.tokenLabel = label
+                throw error
+            }
             if rv == .ok {
                 pool.checkin(lease)
                 return TokenSignature(raw: raw, queueNanoseconds: queue, hsmNanoseconds: hsm)
@@ -501,10 +518,17 @@ public final class HSMToken: @unchecked Sendable {
 
     /// Marks the token down and starts the one recovery thread, unless one
     /// is already running. Logs once per outage.
-    public func markDown(reason: String) {
+    /// - Parameters:
+    ///   - reason: the `CKR_*` name or condition, for readiness and the log.
+    ///   - reinitialize: whether recovery must begin with `C_Finalize` +
+    ///     `C_Initialize`; defaults to whether `reason` names a device or
+    ///     module failure.
+    public func markDown(reason: String, reinitialize: Bool? = nil) {
+        let full = reinitialize ?? PKCS11ReturnValue.tokenFailures.contains { $0.name == reason }
         let start: Bool = state.withLock { state in
             guard !state.closed else { return false }
             if case .pinRejected = state.status { return false }
+            state.needsReinitialize = state.needsReinitialize || full
             if case .up = state.status {
                 state.status = .down(reason: reason)
                 state.downSince = MonotonicClock.now()
@@ -528,12 +552,18 @@ public final class HSMToken: @unchecked Sendable {
             let jitter = Double.random(in: 0.5...1.0)
             usleep(useconds_t(min(backoff * jitter, options.recoveryMaximumBackoff) * 1_000_000))
             if state.withLock({ $0.closed }) { return }
-            let outcome = rebuild()
+            // Escalate: new sessions and a fresh login first when the module
+            // itself did not fail; C_Finalize + C_Initialize when it did or
+            // when the lighter step failed, but never while a call is still
+            // inside the module (finalizing under it is undefined behaviour).
+            let full = state.withLock { $0.needsReinitialize } || attempt > 1
+            let outcome = rebuild(reinitialize: full && callsInModule == 0)
             switch outcome {
             case .success:
                 let (label, since) = state.withLock { state -> (String, UInt64) in
                     state.status = .up
                     state.recovering = false
+                    state.needsReinitialize = false
                     return (state.label, state.downSince)
                 }
                 logger.notice("token_up", ["token.label": .string(label), "recovery.attempts": .int(Int64(attempt)),
@@ -549,14 +579,18 @@ public final class HSMToken: @unchecked Sendable {
         }
     }
 
-    private func rebuild() -> Result<Void, HSMError> {
-        let rv = loginLock.withLock { _ in functions.module.reinitialize() }
-        guard rv == .ok || rv == .cryptokiAlreadyInitialized else {
-            return .failure(HSMError(pkcs11: .initialize, rv, message: "cannot reinitialize the module"))
+    private func rebuild(reinitialize: Bool) -> Result<Void, HSMError> {
+        if reinitialize {
+            let rv = loginLock.withLock { _ in functions.module.reinitialize() }
+            guard rv == .ok || rv == .cryptokiAlreadyInitialized else {
+                return .failure(HSMError(pkcs11: .initialize, rv, message: "cannot reinitialize the module"))
+            }
+            pool.reset(moduleReinitialized: true)
+            state.withLock { $0.anchorSession = nil }
+        } else {
+            pool.reset(moduleReinitialized: false)
         }
-        pool.reset(moduleReinitialized: true)
         let keyIDs: [String] = state.withLock { state in
-            state.anchorSession = nil
             let ids = Array(state.keys.keys)
             state.keys.removeAll()
             return ids
@@ -570,15 +604,53 @@ public final class HSMToken: @unchecked Sendable {
             }
             pool.reset(moduleReinitialized: false, slot: slot)
             try login(afterGeneration: nil)
-            // Sessions are back; look the keys up again so the first request does not pay for it.
+            // Look the keys up again so the first request does not pay for
+            // it, and sign once to prove the token signs again.
+            var keys: [String: CachedKey] = [:]
             for keyID in keyIDs {
-                let key = try withSessionDuringRecovery { (session) throws(HSMError) in try lookUpKey(keyID, session: session) }
-                state.withLock { $0.keys[keyID] = key }
+                keys[keyID] = try withSessionDuringRecovery { (session) throws(HSMError) in try lookUpKey(keyID, session: session) }
             }
+            if let (keyID, key) = keys.first(where: { $0.value.publicKey != nil }) {
+                let digest = SecureRandom.bytes(32)
+                let raw = try withSessionDuringRecovery { (session) throws(HSMError) -> [UInt8] in
+                    let (rv, function, raw) = functions.signECDSA(session, key: key.handle, digest: digest)
+                    guard rv == .ok else { throw HSMError(pkcs11: function, rv, message: "recovery test signature failed", keyID: keyID) }
+                    return raw
+                }
+                guard key.publicKey!.verify(rawSignature: raw, digest: digest) else {  // filtered above
+                    return .failure(HSMError(.verificationFailed, "the recovery test signature did not verify"))
+                }
+            }
+            state.withLock { $0.keys.merge(keys) { _, new in new } }
             return .success(())
         } catch {
             return .failure(error)
         }
+    }
+
+    /// Calls now inside the module (`C_SignInit`/`C_Sign`).
+    public var callsInModule: Int { inFlight.withLock { $0.count } }
+
+    /// Writes off every signing call that has been inside the module longer
+    /// than `seconds`: its session is quarantined (its place in the pool is
+    /// freed now; it is closed, never reused, when the call returns) and the
+    /// token is marked down so that new requests fail fast while recovery
+    /// checks it with fresh sessions.
+    /// - Parameter seconds: the signing timeout.
+    /// - Returns: how many calls were written off now.
+    @discardableResult
+    public func abandonCalls(olderThan seconds: Double) -> Int {
+        let limit = UInt64(seconds * 1e9)
+        let now = MonotonicClock.now()
+        let overdue: [SessionLease] = inFlight.withLock { calls in
+            calls.values.filter { now > $0.started + limit && !$0.lease.quarantined.load(ordering: .relaxed) }.map(\.lease)
+        }
+        for lease in overdue { pool.quarantine(lease) }
+        if !overdue.isEmpty {
+            logger.warning("sign_call_quarantined", ["calls": .int(Int64(overdue.count)), "timeout.seconds": .double(seconds)])
+            markDown(reason: "sign_timeout", reinitialize: false)
+        }
+        return overdue.count
     }
 
     /// A session for recovery work, while the status is still down.

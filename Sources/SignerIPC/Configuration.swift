@@ -56,13 +56,14 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var allowedUIDs: [UInt32] = []
     /// gids whose members may call.
     public var allowedGIDs: [UInt32] = []
-    /// PKCS#11 sessions used at once. Default 8.
+    /// PKCS#11 sessions used at once, and the worker threads that use them. Default 8.
     public var sessionPoolSize = 8
     /// Verify every signature with the public key before returning it. Default true.
     public var verifyBeforeReturn = true
     /// The lowest log level written. Default `info`.
     public var logLevel: LogLevel = .info
-    /// HTTP worker threads (libmicrohttpd's thread pool). Default 2 × the session pool, at least 4.
+    /// libmicrohttpd's threads (HTTP parsing and I/O only; they never wait
+    /// for the HSM). Default 2.
     public var httpThreads: Int?
     /// Most connections at once. Default 1024.
     public var maxConnections = 1024
@@ -273,7 +274,7 @@ public struct SignerConfiguration: Sendable, Equatable {
 
     /// The HTTP worker thread count in effect.
     public var effectiveHTTPThreads: Int {
-        httpThreads ?? max(4, 2 * sessionPoolSize)
+        httpThreads ?? 2
     }
 }
 

@@ -21,14 +21,17 @@ public struct HTTPRequest: Sendable {
     public var body: [UInt8]
     /// The peer's credentials from `SO_PEERCRED`.
     public var peer: PeerCredentials
+    /// When the request had fully arrived (``MonotonicClock`` nanoseconds).
+    public var receivedAt: UInt64
 
     /// Makes a request.
-    public init(method: String, path: String, contentType: String? = nil, body: [UInt8] = [], peer: PeerCredentials) {
+    public init(method: String, path: String, contentType: String? = nil, body: [UInt8] = [], peer: PeerCredentials, receivedAt: UInt64 = MonotonicClock.now()) {
         self.method = method
         self.path = path
         self.contentType = contentType
         self.body = body
         self.peer = peer
+        self.receivedAt = receivedAt
     }
 }
 
@@ -69,6 +72,16 @@ public protocol HTTPHandler: Sendable {
     func handle(_ request: HTTPRequest) -> HTTPResponse
     /// The response for a body over the limit.
     func payloadTooLarge(path: String, limit: Int) -> HTTPResponse
+    /// Whether the request may block (PKCS#11) and so runs on a worker
+    /// thread under the request timeout; false runs it on the HTTP thread.
+    func needsWorker(path: String) -> Bool
+    /// The answer for a request that waited or ran longer than the timeout.
+    func timedOut(_ request: HTTPRequest) -> HTTPResponse
+    /// The answer when the worker queue is full.
+    func overloaded(_ request: HTTPRequest) -> HTTPResponse
+    /// Called by the request watchdog a few times a second (the application
+    /// writes off calls that hang there).
+    func watchdogTick()
 }
 
 /// Limits and threads of the server.
@@ -85,6 +98,12 @@ public struct HTTPServerOptions: Sendable {
     public var maxBodyBytes = 64 * 1024
     /// Largest request head (request line and headers) in bytes (431 above, from libmicrohttpd).
     public var maxHeaderBytes = 8 * 1024
+    /// Worker threads for requests that may block (one per PKCS#11 session).
+    public var workers = 8
+    /// Seconds from a worker request's arrival to its answer; later ones get ``HTTPHandler/timedOut(_:)``.
+    public var workerTimeoutSeconds = 5.0
+    /// Requests waiting for a worker beyond this are answered with ``HTTPHandler/overloaded(_:)``.
+    public var maximumQueued = 4096
 
     /// Default options.
     public init() {}
@@ -106,6 +125,14 @@ final class ConnectionState: Sendable {
     }
 }
 
+/// A suspended MHD connection, handed to the worker that resumes it.
+/// libmicrohttpd documents `MHD_resume_connection` as callable from any
+/// thread, and a suspended connection is neither processed nor freed until
+/// it is resumed, so the pointer stays valid until then.
+struct SuspendedConnection: @unchecked Sendable {
+    let pointer: OpaquePointer
+}
+
 /// One request in progress.
 final class RequestState: @unchecked Sendable {
     // Touched only by the MHD thread that owns the connection.
@@ -116,6 +143,9 @@ final class RequestState: @unchecked Sendable {
     var tooLarge = false
     var answered = false
     var processing = false
+    var suspended = false
+    /// Written by a worker, read by the HTTP thread after the resume.
+    let pendingResponse = Mutex<HTTPResponse?>(nil)
 
     init(connection: ConnectionState?, path: String) {
         self.connection = connection
@@ -140,6 +170,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// Set when draining: responses carry `Connection: close`.
     let draining = Atomic<Bool>(false)
     private let reaperRunning = Atomic<Bool>(false)
+    private var workQueue: WorkQueue?
 
     /// Prepares a server on an already listening socket (from ``UnixListener`` or systemd).
     /// - Parameters:
@@ -166,7 +197,15 @@ public final class HTTPServer: @unchecked Sendable {
     /// - Throws: ``SocketError`` when `MHD_start_daemon` fails.
     public func start() throws(SocketError) {
         var settings = CSignerShim_mhd_options()
-        settings.flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_EPOLL.rawValue | MHD_USE_ITC.rawValue | MHD_USE_ERROR_LOG.rawValue)
+        settings.flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_EPOLL.rawValue | MHD_USE_ITC.rawValue
+                                | MHD_USE_ERROR_LOG.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue)
+        let handler = self.handler
+        workQueue = WorkQueue(
+            workers: options.workers, maximumWorkers: 2 * options.workers + 2, maximumQueued: options.maximumQueued,
+            timeout: options.workerTimeoutSeconds,
+            handle: { job in handler.handle(job.request) },
+            timedOut: { job in handler.timedOut(job.request) },
+            onTick: { handler.watchdogTick() })
         settings.listen_fd = listenDescriptor
         settings.thread_pool_size = UInt32(max(1, options.threads))
         settings.connection_limit = UInt32(options.connectionLimit)
@@ -213,6 +252,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// Stops every thread and closes every connection (`MHD_stop_daemon`).
     public func stop() {
         reaperRunning.store(false, ordering: .releasing)
+        workQueue?.stop()
         if let daemon {
             MHD_stop_daemon(daemon)
             self.daemon = nil
@@ -339,6 +379,12 @@ public final class HTTPServer: @unchecked Sendable {
             return .YES
         }
 
+        if state.suspended {
+            // Resumed by the worker (or the watchdog): send what it left.
+            guard let response = state.pendingResponse.withLock({ $0.take() }) else { return .YES }
+            state.suspended = false
+            return server.queue(response, on: connection)
+        }
         guard !state.answered else { return .YES }
         state.answered = true
         // The request is in: its arrival deadline no longer applies (signing has its own timeout).
@@ -349,9 +395,23 @@ public final class HTTPServer: @unchecked Sendable {
         state.processing = true
         server.processing.add(1, ordering: .acquiringAndReleasing)
         let contentType = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Type").map { String(cString: $0) }
-        let response = server.handler.handle(HTTPRequest(method: methodName, path: state.path, contentType: contentType, body: state.body, peer: peer))
+        let request = HTTPRequest(method: methodName, path: state.path, contentType: contentType, body: state.body, peer: peer)
         state.body = []
-        return server.queue(response, on: connection)
+        guard let workQueue = server.workQueue, server.handler.needsWorker(path: state.path) else {
+            return server.queue(server.handler.handle(request), on: connection)
+        }
+        // Suspend first: a worker may finish and resume before this handler returns.
+        state.suspended = true
+        MHD_suspend_connection(connection)
+        let suspended = SuspendedConnection(pointer: connection)
+        let job = Job(request: request, received: request.receivedAt) { response in
+            state.pendingResponse.withLock { $0 = response }
+            MHD_resume_connection(suspended.pointer)
+        }
+        if !workQueue.submit(job) {
+            job.complete(server.handler.overloaded(request))
+        }
+        return .YES
     }
 
     private func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {

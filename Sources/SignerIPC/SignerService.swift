@@ -119,12 +119,42 @@ public final class SignerService: HTTPHandler, Sendable {
         if let limited = rateLimit(peer, config) {
             return respond(.failure(limited), endpoint: route.rawValue)
         }
+        // While the token is down, signing requests fail fast instead of queueing.
+        if route.method == "POST", case .down(let reason) = token.status {
+            var error = APIError(.hsmUnavailable, "the HSM is unavailable (\(reason)); recovery is running")
+            error.retryAfter = 1
+            return respond(.failure(error), endpoint: route.rawValue)
+        }
         if route.method == "POST" {
             guard let contentType, Self.isJSON(contentType) else {
                 return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentType ?? "none")")), endpoint: route.rawValue)
             }
         }
         return nil
+    }
+
+    public func needsWorker(path: String) -> Bool {
+        Route(rawValue: path).map { $0 != .healthz && $0 != .metrics } ?? false
+    }
+
+    public func timedOut(_ request: HTTPRequest) -> HTTPResponse {
+        var error = APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; the call was written off and its session quarantined")
+        error.retryAfter = 1
+        metrics.countHSMError("sign_timeout")
+        return respond(.failure(error), endpoint: Route(rawValue: request.path)?.rawValue ?? "other")
+    }
+
+    public func overloaded(_ request: HTTPRequest) -> HTTPResponse {
+        var error = APIError(.hsmUnavailable, "too many requests are waiting for the HSM; retry shortly")
+        error.retryAfter = 1
+        return respond(.failure(error), endpoint: Route(rawValue: request.path)?.rawValue ?? "other")
+    }
+
+    /// Writes off `C_Sign` calls that have been inside the module longer
+    /// than `sign_timeout_ms`: their sessions are quarantined and the token
+    /// is marked down until recovery has checked it.
+    public func watchdogTick() {
+        token.abandonCalls(olderThan: Double(configuration.signTimeoutMs) / 1000)
     }
 
     /// `application/json`, any case, optionally followed by parameters (`; charset=utf-8`).

@@ -99,6 +99,8 @@ serverOptions.idleTimeoutSeconds = configuration.idleTimeoutSeconds
 serverOptions.requestTimeoutSeconds = Double(configuration.requestTimeoutSeconds)
 serverOptions.maxBodyBytes = configuration.maxBodyBytes
 serverOptions.maxHeaderBytes = configuration.maxHeaderBytes
+serverOptions.workers = token.sessionCapacity
+serverOptions.workerTimeoutSeconds = Double(configuration.signTimeoutMs) / 1000
 let server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: metrics)
 do {
     try server.start()
@@ -129,7 +131,8 @@ while true {
     let listening = server.stopAccepting()
     unlink(configuration.socketPath)
     if listening >= 0 { close(listening) }
-    let drained = server.waitForRequestsInProgress(seconds: 10)
+    // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
+    let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)
     server.stop()
     token.close()
     logger.notice("signerd_stopped", ["drained": .bool(drained)])
