@@ -59,7 +59,7 @@ let package = Package(
         // Fixtures shared by the test targets: throw-away SoftHSM tokens, key files in every form.
         .target(
             name: "TestSupport",
-            dependencies: ["HSMSigner"],
+            dependencies: ["HSMSigner", "SignerIPC"],
             path: "Tests/TestSupport",
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),

@@ -11,10 +11,10 @@ public struct TokenOptions: Sendable {
     public var sessionPoolSize: Int = 8
     /// How long a signer waits for a free session before giving up, in seconds. Default 2.
     public var sessionCheckoutTimeout: Double = 2
-    /// First delay between recovery attempts while the token is down, in seconds. Default 0.2.
-    public var recoveryInitialBackoff: Double = 0.2
-    /// Longest delay between recovery attempts, in seconds. Default 5.
-    public var recoveryMaximumBackoff: Double = 5
+    /// First delay between recovery attempts while the token is down, in seconds. Default 0.1.
+    public var recoveryInitialBackoff: Double = 0.1
+    /// Longest delay between recovery attempts, in seconds. Default 2.
+    public var recoveryMaximumBackoff: Double = 2
     /// Where events go.
     public var logger: Logger = Logger()
 
@@ -89,6 +89,8 @@ public final class HSMToken: @unchecked Sendable {
         var label: String
         var serial: String
         var keys: [String: CachedKey] = [:]
+        /// Every key ID found on the token since it was opened: recovery checks they are back.
+        var knownKeys: Set<String> = []
         var loginGeneration: UInt64 = 0
         var anchorSession: UInt?
         var status: TokenStatus = .up
@@ -173,6 +175,9 @@ public final class HSMToken: @unchecked Sendable {
         }
         guard let anchor else { return }
         pool.reset(moduleReinitialized: false)
+        // Sessions still leased (a call hung in the module) must not be closed
+        // later by number: after release the numbers may belong to someone else.
+        pool.reset(moduleReinitialized: true)
         if anchor != 0 { functions.closeSession(anchor) }
         functions.module.release()
     }
@@ -299,7 +304,10 @@ public final class HSMToken: @unchecked Sendable {
         let found = try withSession { (session) throws(HSMError) -> CachedKey in
             try lookUpKey(keyID, session: session)
         }
-        state.withLock { $0.keys[keyID] = found }
+        state.withLock { state in
+            state.keys[keyID] = found
+            state.knownKeys.insert(keyID)
+        }
         return found
     }
 
@@ -414,6 +422,14 @@ public final class HSMToken: @unchecked Sendable {
             } catch {
                 var error = error
                 error.keyID = keyID
+                if error.code == .keyNotFound && keyRetried {
+                    // The key signed here before and is gone now that its handle
+                    // went stale: the token's storage itself may have gone (a
+                    // network HSM partition away, SoftHSM's token directory
+                    // moved). Reinitialize the module before believing it.
+                    markDown(reason: "key_vanished", reinitialize: true)
+                    throw unavailable(reason: "key \(keyID) vanished from the token", underlying: error)
+                }
                 throw error
             }
             let waitStart = MonotonicClock.now()
@@ -451,6 +467,11 @@ public final class HSMToken: @unchecked Sendable {
             switch rv {
             case _ where PKCS11ReturnValue.sessionFailures.contains(rv) && sessionRetries < 2:
                 sessionRetries += 1
+                if rv == .sessionHandleInvalid || rv == .sessionClosed {
+                    // Sessions seldom die alone (a token reset takes them all):
+                    // close the idle ones too, so the retry gets a fresh session.
+                    pool.reset(moduleReinitialized: false)
+                }
             case _ where PKCS11ReturnValue.objectFailures.contains(rv) && !keyRetried:
                 keyRetried = true
                 forgetKey(keyID)
@@ -591,9 +612,8 @@ public final class HSMToken: @unchecked Sendable {
             pool.reset(moduleReinitialized: false)
         }
         let keyIDs: [String] = state.withLock { state in
-            let ids = Array(state.keys.keys)
             state.keys.removeAll()
-            return ids
+            return state.knownKeys.sorted()
         }
         do {
             let (slot, info) = try HSMToken.findSlot(functions, uri: uri)
@@ -608,7 +628,16 @@ public final class HSMToken: @unchecked Sendable {
             // it, and sign once to prove the token signs again.
             var keys: [String: CachedKey] = [:]
             for keyID in keyIDs {
-                keys[keyID] = try withSessionDuringRecovery { (session) throws(HSMError) in try lookUpKey(keyID, session: session) }
+                do {
+                    keys[keyID] = try withSessionDuringRecovery { (session) throws(HSMError) in try lookUpKey(keyID, session: session) }
+                } catch where error.code == .keyNotFound {
+                    continue  // deleted, perhaps on purpose; judged below
+                }
+            }
+            // A token that lost every key it had is not back yet (its storage
+            // is still away); one that lost some had them deleted.
+            if !keyIDs.isEmpty && keys.isEmpty {
+                return .failure(HSMError(.keyNotFound, "none of the token's keys (\(keyIDs.joined(separator: ", "))) is there yet"))
             }
             if let (keyID, key) = keys.first(where: { $0.value.publicKey != nil }) {
                 let digest = SecureRandom.bytes(32)

@@ -1,0 +1,81 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import Synchronization
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The real thing: SoftHSM's token directory taken away and put back while
+/// the real signerd binary serves 8 signing clients.
+@Suite("signerd recovers from a real SoftHSM outage", .serialized)
+struct RecoveryTests {
+    @Test("token directory moved away and back under 8 clients: no restart, only 503s meanwhile, no wrong signature")
+    func tokenDirectoryAwayAndBack() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let pid = daemon.process?.processIdentifier
+        let key = try ECPublicKey(pem: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM)
+        let samples = Mutex<[(at: Date, status: Int, valid: Bool)]>([])
+        let running = Atomic<Bool>(true)
+        let group = DispatchGroup()
+        for _ in 0..<8 {
+            group.enter()
+            Thread.detachNewThread {
+                defer { group.leave() }
+                let client = daemon.client()
+                while running.load(ordering: .relaxed) {
+                    guard let response = try? client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"])) else {
+                        samples.withLock { $0.append((Date(), 0, false)) }
+                        usleep(50_000)
+                        continue
+                    }
+                    var valid = false
+                    if response.status == 200, let offer = try? response.decode(PromotionalOfferResponse.self), let der = Data(base64Encoded: offer.signature) {
+                        let payload = independentPayload(bundleID: "com.example.app", keyID: offer.keyID, productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
+                        valid = key.verify(derSignature: Array(der), digest: SHA256.hash(payload))
+                    }
+                    samples.withLock { $0.append((Date(), response.status, valid)) }
+                    if response.status != 200 { usleep(20_000) }
+                }
+            }
+        }
+        let tokens = daemon.directory + "/hsm/tokens"
+        usleep(1_000_000)
+        let away = Date()
+        try FileManager.default.moveItem(atPath: tokens, toPath: tokens + ".away")
+        usleep(3_000_000)
+        let readyWhileAway = try daemon.client().send("GET", "/readyz").status
+        try FileManager.default.moveItem(atPath: tokens + ".away", toPath: tokens)
+        let back = Date()
+        // Until signatures flow again (20 good ones after the last failure), at most 20 s.
+        while Date().timeIntervalSince(back) < 20 {
+            usleep(100_000)
+            let recent = samples.withLock { $0.filter { $0.at > back } }
+            let lastFailure = recent.filter { $0.status != 200 }.map(\.at).max() ?? back
+            if recent.filter({ $0.at > lastFailure && $0.status == 200 }).count >= 20 { break }
+        }
+        running.store(false, ordering: .relaxed)
+        group.wait()
+        let all = samples.withLock { $0 }
+        let during = all.filter { $0.at >= away }
+        let failures = during.filter { $0.status != 200 }
+        let lastFailure = failures.map(\.at).max() ?? back
+        let flowing = during.filter { $0.at > lastFailure && $0.status == 200 }.map(\.at).min()
+        print("FAULT-OUTCOME SoftHSM token directory away 3 s (real SoftHSM, signerd binary, 8 clients): \(during.count) requests, \(failures.count) failed \(Set(failures.map(\.status)).sorted()), \(all.filter { $0.status == 200 && !$0.valid }.count) wrong signatures, flowing again \(String(format: "%.2f", (flowing ?? Date()).timeIntervalSince(back))) s after the directory came back")
+        #expect(all.filter { $0.status == 200 && !$0.valid }.isEmpty, "no wrong signature, ever")
+        #expect(all.filter { $0.status == 200 && $0.at < away }.count > 20, "signing before the outage")
+        #expect(!failures.isEmpty, "the outage was felt")
+        #expect(Set(failures.map(\.status)) == [503], "failures are 503 hsm_unavailable")
+        #expect(flowing != nil, "signatures flow again")
+        #expect(readyWhileAway == 503)
+        #expect(daemon.process?.isRunning == true && daemon.process?.processIdentifier == pid, "no restart")
+        #expect(try daemon.client().send("GET", "/readyz").status == 200)
+        #expect(daemon.log.filter { $0.contains("\"token_down\"") }.count == 1)
+        #expect(daemon.log.filter { $0.contains("\"token_up\"") }.count == 1)
+    }
+}

@@ -1,0 +1,195 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What one fault did to a running daemon, as seen by its clients.
+struct FaultOutcome: CustomStringConvertible {
+    let name: String
+    let requests: Int
+    let failed: Int
+    let invalid: Int
+    /// From the fault's start (or the end of a timed outage) to the first
+    /// good signature after the last failure, in seconds; 0 when nothing failed.
+    let secondsUntilFlowing: Double
+    let failureStatuses: [Int: Int]
+
+    var description: String {
+        String(format: "%@: %d requests, %d failed %@, %d wrong signatures, signatures flowing again %.2f s after the fault",
+               name, requests, failed, failureStatuses.isEmpty ? "" : "\(failureStatuses.sorted { $0.key < $1.key })", invalid, secondsUntilFlowing)
+    }
+}
+
+/// Fault tests through the seam in front of the PKCS#11 function table, on a
+/// real SoftHSM token, a real socket and the daemon's own request path; one
+/// test per fault. Each prints its outcome (failed requests, time until
+/// signatures flow again, wrong signatures: always zero).
+@Suite("Token faults under load", .serialized)
+struct FaultToleranceTests {
+    /// Runs 4 signing clients, lets them flow, calls `inject`, waits until
+    /// signatures flow again (at least 20 good ones after the last failure)
+    /// or `limit` seconds, and measures.
+    /// `outage` is how long a timed fault lasts (recovery time is counted
+    /// from its end); `settle` is the least time to watch before deciding.
+    func measure(_ name: String, daemon: InProcessDaemon, outage: Double = 0, settle: Double = 0, limit: Double = 20,
+                 inject: (InProcessDaemon) -> Void) -> FaultOutcome {
+        let load = LoadRecorder(daemon)
+        load.start(threads: 4)
+        usleep(400_000)
+        let start = MonotonicClock.now()
+        inject(daemon)
+        let faultEnd = start + UInt64(outage * 1e9)
+        let watchUntil = start + UInt64(max(outage, settle) * 1e9)
+        let deadline = MonotonicClock.deadline(after: limit)
+        while MonotonicClock.now() < deadline {
+            usleep(50_000)
+            if MonotonicClock.now() > watchUntil && load.flowing(since: start, successes: 20) { break }
+        }
+        usleep(200_000)
+        let samples = load.stop().filter { $0.at >= start }
+        let failures = samples.filter { $0.status != 200 }
+        let lastFailure = failures.map(\.at).max()
+        let firstGoodAfter = lastFailure.flatMap { last in samples.filter { $0.at > last && $0.status == 200 }.map(\.at).min() }
+        var statuses: [Int: Int] = [:]
+        for failure in failures { statuses[failure.status, default: 0] += 1 }
+        let flowing = lastFailure == nil ? 0 : Double((firstGoodAfter ?? deadline) - min(faultEnd, firstGoodAfter ?? deadline)) / 1e9
+        let outcome = FaultOutcome(name: name, requests: samples.count, failed: failures.count,
+                                   invalid: samples.filter { $0.status == 200 && !$0.valid }.count,
+                                   secondsUntilFlowing: flowing, failureStatuses: statuses)
+        print("FAULT-OUTCOME \(outcome)")
+        return outcome
+    }
+
+    func expectHealthy(_ daemon: InProcessDaemon, sourceLocation: SourceLocation = #_sourceLocation) throws {
+        let client = SignerClient(socketPath: daemon.socketPath)
+        #expect(try client.send("GET", "/healthz").status == 200, sourceLocation: sourceLocation)
+        #expect(try client.send("GET", "/readyz").status == 200, sourceLocation: sourceLocation)
+        let metrics = String(decoding: try client.send("GET", "/metrics").body, as: UTF8.self)
+        #expect(metrics.contains("signerd_token_up 1"), sourceLocation: sourceLocation)
+    }
+
+    @Test("CKR_SESSION_HANDLE_INVALID on every session at once: sessions replaced, no request fails")
+    func everySessionInvalid() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let outcome = measure("CKR_SESSION_HANDLE_INVALID on every session", daemon: daemon) { $0.faults.invalidateAllSessions() }
+        #expect(outcome.invalid == 0)
+        #expect(outcome.failed == 0)
+        #expect(daemon.faults.calls(.closeSession) >= 1)
+        try expectHealthy(daemon)
+    }
+
+    @Test("CKR_USER_NOT_LOGGED_IN: one re-login, no request fails")
+    func loggedOut() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let logins = daemon.faults.calls(.login)
+        let outcome = measure("CKR_USER_NOT_LOGGED_IN", daemon: daemon) { $0.faults.logOut() }
+        #expect(outcome.invalid == 0)
+        #expect(outcome.failed == 0)
+        #expect(daemon.faults.calls(.login) == logins + 1, "exactly one C_Login for all the requests that hit the logged-out token")
+        try expectHealthy(daemon)
+    }
+
+    @Test("CKR_OBJECT_HANDLE_INVALID: the key is looked up again, no request fails")
+    func staleObjects() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let searches = daemon.faults.calls(.findObjectsInit)
+        let outcome = measure("CKR_OBJECT_HANDLE_INVALID", daemon: daemon) { $0.faults.invalidateObjects() }
+        #expect(outcome.invalid == 0)
+        #expect(outcome.failed == 0)
+        #expect(daemon.faults.calls(.findObjectsInit) > searches)
+        try expectHealthy(daemon)
+    }
+
+    @Test("CKR_DEVICE_REMOVED / CKR_TOKEN_NOT_PRESENT for 3 s: fail fast with 503 + Retry-After, recover alone, one log line each way",
+          arguments: [PKCS11ReturnValue.deviceRemoved, .tokenNotPresent])
+    func deviceAway(_ rv: PKCS11ReturnValue) throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        var sawNotReady = false
+        var sawTokenDown = false
+        let outcome = measure("\(rv.name) for 3 s", daemon: daemon, outage: 3) { daemon in
+            daemon.faults.outage(rv, seconds: 3)
+            // While it is away: readiness 503, token_up 0.
+            usleep(1_000_000)
+            let client = SignerClient(socketPath: daemon.socketPath)
+            sawNotReady = (try? client.send("GET", "/readyz"))?.status == 503
+            sawTokenDown = (try? client.send("GET", "/metrics")).map { String(decoding: $0.body, as: UTF8.self).contains("signerd_token_up 0") } ?? false
+        }
+        #expect(outcome.invalid == 0)
+        #expect(outcome.failed > 0)
+        #expect(Set(outcome.failureStatuses.keys) == [503], "every failure is 503 hsm_unavailable")
+        #expect(outcome.secondsUntilFlowing < 8, "flowing again \(outcome.secondsUntilFlowing) s after the device came back")
+        #expect(sawNotReady)
+        #expect(sawTokenDown)
+        #expect(daemon.logged("token_down") == 1)
+        #expect(daemon.logged("token_up") == 1)
+        let metrics = String(decoding: try SignerClient(socketPath: daemon.socketPath).send("GET", "/metrics").body, as: UTF8.self)
+        #expect(metrics.contains("signerd_hsm_errors_total{rv=\"\(rv.name)\"}"))
+        try expectHealthy(daemon)
+    }
+
+    @Test("CKR_DEVICE_ERROR: the module is reinitialized and signatures flow again")
+    func deviceError() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let outcome = measure("CKR_DEVICE_ERROR (5 calls)", daemon: daemon) { $0.faults.inject(.sign, .deviceError, count: 5) }
+        #expect(outcome.invalid == 0)
+        #expect(outcome.secondsUntilFlowing < 8)
+        #expect(daemon.logged("token_down") == 1)
+        try expectHealthy(daemon)
+    }
+
+    @Test("a C_Sign that blocks 30 s: that request gets 503 at sign_timeout_ms, its session is quarantined, signatures flow again")
+    func hungSign() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 1000)
+        defer { daemon.stop() }
+        let started = MonotonicClock.now()
+        let outcome = measure("C_Sign blocking 30 s (sign_timeout_ms 1000)", daemon: daemon, settle: 1.5) { $0.faults.hang(.sign, seconds: 30) }
+        #expect(outcome.invalid == 0)
+        #expect(outcome.failed >= 1)
+        #expect(Set(outcome.failureStatuses.keys) == [503])
+        #expect(outcome.secondsUntilFlowing < 6, "flowing again after \(outcome.secondsUntilFlowing) s")
+        #expect(Double(MonotonicClock.now() - started) / 1e9 < 15, "nobody waited for the 30 s call")
+        #expect(daemon.logged("sign_call_quarantined") == 1)
+        #expect(daemon.token.callsInModule == 1, "the hung call is still inside the module, on a quarantined session")
+        try expectHealthy(daemon)
+    }
+
+    @Test("CKR_PIN_INCORRECT on login: exactly one C_Login however many requests arrive; readiness says why; a reload with the right PIN recovers")
+    func wrongPIN() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let logins = daemon.faults.calls(.login)
+        let load = LoadRecorder(daemon)
+        load.start(threads: 4)
+        usleep(300_000)
+        daemon.faults.logOut()
+        daemon.faults.inject(.login, .pinIncorrect, count: nil)
+        usleep(2_000_000)
+        let client = SignerClient(socketPath: daemon.socketPath)
+        let ready = try client.send("GET", "/readyz")
+        #expect(ready.status == 503)
+        #expect(String(decoding: ready.body, as: UTF8.self).contains("PIN"))
+        #expect(daemon.faults.calls(.login) == logins + 1, "one C_Login attempt, never retried")
+        #expect(daemon.logged("pin_rejected") == 1)
+        // The operator fixes the PIN source and reloads.
+        daemon.faults.clear()
+        try daemon.service.reload(daemon.service.configuration)
+        let reloaded = MonotonicClock.now()
+        usleep(1_000_000)
+        let samples = load.stop()
+        let failedWhileRejected = samples.filter { $0.status != 200 && $0.at < reloaded }.count
+        #expect(samples.filter { $0.status == 200 && !$0.valid }.isEmpty)
+        #expect(samples.filter { $0.at > reloaded + 200_000_000 && $0.status == 200 }.count > 10, "signing again after the reload")
+        print("FAULT-OUTCOME CKR_PIN_INCORRECT on re-login: \(failedWhileRejected) requests failed with 503 while the PIN was refused, \(daemon.faults.calls(.login) - logins) C_Login calls in all (one refused, one after the reload)")
+        try expectHealthy(daemon)
+    }
+}

@@ -1,0 +1,161 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import Synchronization
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// signerd's service and HTTP server in this process, on a real Unix socket
+/// and a real SoftHSM token, with a ``FaultInjector`` in front of the
+/// PKCS#11 function table: the daemon of `signerd/main.swift` minus argument
+/// parsing and signals, so that tests can inject `CKR_*` faults.
+public final class InProcessDaemon: @unchecked Sendable {
+    // Set up in init, torn down once in stop().
+    package let faults = FaultInjector()
+    public let token: HSMToken
+    public let service: SignerService
+    public let server: HTTPServer
+    public let socketPath: String
+    public let keyID = "FAULTKEY01"
+    public let bundleID = "com.example.faults"
+    public let publicKey: ECPublicKey
+    public let directory: String
+    public let logLines: LineCollector
+    private var stopped = false
+
+    /// - Parameters:
+    ///   - signTimeoutMs: `sign_timeout_ms`.
+    ///   - sessions: `session_pool_size` (and workers).
+    public init(signTimeoutMs: Int = 1000, sessions: Int = 4) throws {
+        let made = try SoftHSMFixture.shared.makeToken("daemon")
+        directory = TemporaryDirectory.make(prefix: "signerd-inproc")
+        socketPath = directory + "/signerd.sock"
+        let files = try TestKeyFiles.make()
+        publicKey = try ECPublicKey(pem: files.publicKeyPEM)
+        var plain = TokenOptions()
+        plain.logger = .disabled
+        let importer = try HSMToken(uri: PKCS11URI(made.uri), options: plain)
+        _ = try importer.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: keyID, replace: false)
+        importer.close()
+
+        var config = SignerConfiguration(tokenURI: made.uri)
+        config.socketPath = socketPath
+        config.keys = [KeyConfiguration(keyID: keyID, bundleIDs: [bundleID])]
+        config.issuerID = "00000000-0000-4000-8000-000000000000"
+        config.sessionPoolSize = sessions
+        config.signTimeoutMs = signTimeoutMs
+        config.readinessCacheSeconds = 0
+        let lines = LineCollector()
+        logLines = lines
+        let logger = Logger(minimumLevel: .info) { line in lines.append(line) }
+        var options = TokenOptions()
+        options.sessionPoolSize = sessions
+        options.logger = logger
+        token = try HSMToken(uri: PKCS11URI(made.uri), options: options, interposer: faults)
+        service = SignerService(configuration: config, token: token, logger: logger)
+        let listener = try UnixListener.bind(path: socketPath, mode: 0o600, group: nil)
+        var serverOptions = HTTPServerOptions()
+        serverOptions.threads = 2
+        serverOptions.workers = token.sessionCapacity
+        serverOptions.workerTimeoutSeconds = Double(signTimeoutMs) / 1000
+        server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: service.metrics)
+        try server.start()
+    }
+
+    /// Stops the server and closes the token.
+    public func stop() {
+        guard !stopped else { return }
+        stopped = true
+        let listening = server.stopAccepting()
+        if listening >= 0 { close(listening) }
+        unlink(socketPath)
+        _ = server.waitForRequestsInProgress(seconds: 5)
+        server.stop()
+        token.close()
+    }
+
+    deinit { stop() }
+
+    /// Log lines whose `msg` is `message`.
+    public func logged(_ message: String) -> Int {
+        logLines.lines.filter { $0.contains("\"msg\":\"\(message)\"") }.count
+    }
+}
+
+/// Continuous signing load with every answer recorded: the time, the status,
+/// and whether a returned signature verified against the independently
+/// rebuilt payload.
+public final class LoadRecorder: @unchecked Sendable {
+    public struct Sample: Sendable {
+        public let at: UInt64
+        public let status: Int
+        public let valid: Bool
+        public let retryAfter: String?
+    }
+
+    private let samples = Mutex<[Sample]>([])
+    private let running = Atomic<Bool>(false)
+    private let group = DispatchGroup()
+    private let daemon: InProcessDaemon
+
+    public init(_ daemon: InProcessDaemon) {
+        self.daemon = daemon
+    }
+
+    /// Starts `threads` client threads, each on its own keep-alive connection.
+    public func start(threads: Int) {
+        running.store(true, ordering: .releasing)
+        for _ in 0..<threads {
+            group.enter()
+            let daemon = self.daemon
+            Thread.detachNewThread { [self] in
+                defer { group.leave() }
+                let client = SignerClient(socketPath: daemon.socketPath, timeout: 60)
+                let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
+                while running.load(ordering: .acquiring) {
+                    let response: ClientResponse
+                    do {
+                        response = try client.send("POST", "/v1/sign/promotional-offer", body: body)
+                    } catch {
+                        samples.withLock { $0.append(Sample(at: MonotonicClock.now(), status: 0, valid: false, retryAfter: nil)) }
+                        usleep(20_000)
+                        continue
+                    }
+                    var valid = false
+                    if response.status == 200, let offer = try? response.decode(PromotionalOfferResponse.self), let der = Data(base64Encoded: offer.signature) {
+                        let payload = Array([daemon.bundleID, offer.keyID, "p", "o", "", offer.nonce, String(offer.timestamp)].joined(separator: "\u{2063}").utf8)
+                        valid = daemon.publicKey.verify(derSignature: Array(der), digest: SHA256.hash(payload))
+                    }
+                    samples.withLock { $0.append(Sample(at: MonotonicClock.now(), status: response.status, valid: valid, retryAfter: response.headers["retry-after"])) }
+                    if response.status != 200 { usleep(10_000) }  // a client backing off a little
+                }
+            }
+        }
+    }
+
+    /// Stops the threads and returns every sample.
+    public func stop() -> [Sample] {
+        running.store(false, ordering: .releasing)
+        group.wait()
+        return samples.withLock { $0 }
+    }
+
+    /// Whether at least `successes` good answers came after `instant` and after the last failure.
+    public func flowing(since instant: UInt64, successes: Int) -> Bool {
+        samples.withLock { samples in
+            let recent = samples.filter { $0.at >= instant }
+            let lastFailure = recent.filter { $0.status != 200 }.map(\.at).max() ?? instant
+            return recent.filter { $0.at > lastFailure && $0.status == 200 && $0.valid }.count >= successes
+        }
+    }
+}
+
+/// Log lines collected from a ``Logger`` sink.
+public final class LineCollector: Sendable {
+    private let storage = Mutex<[String]>([])
+    public init() {}
+    public func append(_ line: String) { storage.withLock { $0.append(line) } }
+    public var lines: [String] { storage.withLock { $0 } }
+}
