@@ -287,6 +287,7 @@ extension HSMToken {
             return objects.count
         }
         forgetKey(keyID)
+        forgetKnownKey(keyID)
         options.logger.notice("key_deleted", ["key.id": .string(keyID), "token.label": .string(label)])
         return count
     }

@@ -91,6 +91,8 @@ public final class HSMToken: @unchecked Sendable {
         var keys: [String: CachedKey] = [:]
         /// Every key ID found on the token since it was opened: recovery checks they are back.
         var knownKeys: Set<String> = []
+        /// The keys the application still uses (nil: all known ones).
+        var expectedKeys: Set<String>?
         var loginGeneration: UInt64 = 0
         var anchorSession: UInt?
         var status: TokenStatus = .up
@@ -422,7 +424,8 @@ public final class HSMToken: @unchecked Sendable {
             } catch {
                 var error = error
                 error.keyID = keyID
-                if error.code == .keyNotFound && keyRetried {
+                let known = state.withLock { $0.knownKeys.contains(keyID) && ($0.expectedKeys?.contains(keyID) ?? true) }
+                if error.code == .keyNotFound && (keyRetried || known) {
                     // The key signed here before and is gone now that its handle
                     // went stale: the token's storage itself may have gone (a
                     // network HSM partition away, SoftHSM's token directory
@@ -613,7 +616,7 @@ public final class HSMToken: @unchecked Sendable {
         }
         let keyIDs: [String] = state.withLock { state in
             state.keys.removeAll()
-            return state.knownKeys.sorted()
+            return state.knownKeys.filter { state.expectedKeys?.contains($0) ?? true }.sorted()
         }
         do {
             let (slot, info) = try HSMToken.findSlot(functions, uri: uri)
@@ -655,6 +658,19 @@ public final class HSMToken: @unchecked Sendable {
         } catch {
             return .failure(error)
         }
+    }
+
+    /// Forgets that `keyID` was ever on the token (it was deleted on purpose).
+    func forgetKnownKey(_ keyID: String) {
+        state.withLock { _ = $0.knownKeys.remove(keyID) }
+    }
+
+    /// Tells recovery which keys must be back before the token counts as
+    /// recovered: the configured ones. A key deleted on purpose and dropped
+    /// from the configuration then no longer keeps the token down.
+    /// - Parameter keyIDs: the configured key IDs.
+    public func expectKeys(_ keyIDs: Set<String>) {
+        state.withLock { $0.expectedKeys = keyIDs }
     }
 
     /// Calls now inside the module (`C_SignInit`/`C_Sign`).

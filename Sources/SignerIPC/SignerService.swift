@@ -39,7 +39,7 @@ public final class SignerService: HTTPHandler, Sendable {
     public let metrics: Metrics
     let logger: Logger
     private let current: Mutex<SignerConfiguration>
-    private let readiness = Mutex<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64)?>(nil)
+    private let readiness = Mutex<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64, status: TokenStatus)?>(nil)
     private let readinessRefresh = Mutex(())
     private let rateBuckets = Mutex<[UInt32: (tokens: Double, at: UInt64)]>([:])
     private let groupCache = Mutex<[UInt32: (groups: [UInt32], at: UInt64)]>([:])
@@ -56,6 +56,7 @@ public final class SignerService: HTTPHandler, Sendable {
         self.token = token
         self.logger = logger
         self.metrics = metrics
+        token.expectKeys(Set(configuration.keys.map(\.keyID)))
     }
 
     /// The configuration in effect.
@@ -92,6 +93,7 @@ public final class SignerService: HTTPHandler, Sendable {
             throw ConfigurationError("token_uri: \(error.message)")
         }
         token.forgetKey(nil)
+        token.expectKeys(Set(new.keys.map(\.keyID)))
         current.withLock { $0 = new }
         readiness.withLock { $0 = nil }
     }
@@ -452,15 +454,18 @@ public final class SignerService: HTTPHandler, Sendable {
     /// probes cannot load the HSM, and only one check runs at a time.
     func checkReadiness(_ config: SignerConfiguration) -> (Bool, ReadinessResponse) {
         let maxAge = UInt64(config.readinessCacheSeconds * 1e9)
-        if let cached = readiness.withLock({ $0 }), MonotonicClock.now() - cached.checkedAt <= maxAge {
+        // A cached answer holds while it is young and the token has not changed state since.
+        func fresh() -> (Bool, ReadinessResponse)? {
+            guard let cached = readiness.withLock({ $0 }), MonotonicClock.now() - cached.checkedAt <= maxAge,
+                  cached.status == token.status else { return nil }
             return (cached.ready, cached.response)
         }
+        if let cached = fresh() { return cached }
         return readinessRefresh.withLock { _ in
-            if let cached = readiness.withLock({ $0 }), MonotonicClock.now() - cached.checkedAt <= maxAge {
-                return (cached.ready, cached.response)
-            }
+            if let cached = fresh() { return cached }
+            let status = token.status
             let (ready, response) = runReadinessChecks(config)
-            readiness.withLock { $0 = (response, ready, MonotonicClock.now()) }
+            readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status) }
             return (ready, response)
         }
     }

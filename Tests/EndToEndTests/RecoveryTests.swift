@@ -74,7 +74,8 @@ struct RecoveryTests {
         #expect(flowing != nil, "signatures flow again")
         #expect(readyWhileAway == 503)
         #expect(daemon.process?.isRunning == true && daemon.process?.processIdentifier == pid, "no restart")
-        #expect(try daemon.client().send("GET", "/readyz").status == 200)
+        let ready = try daemon.client().send("GET", "/readyz")
+        #expect(ready.status == 200, "\(String(decoding: ready.body, as: UTF8.self)) \(daemon.log.suffix(5))")
         #expect(daemon.log.filter { $0.contains("\"token_down\"") }.count == 1)
         #expect(daemon.log.filter { $0.contains("\"token_up\"") }.count == 1)
     }
