@@ -132,6 +132,20 @@ public enum UnixListener {
         return fd
     }
 
+    /// The filesystem path a Unix socket is bound to (`getsockname`), or nil
+    /// (unbound, abstract, or not a Unix socket).
+    public static func boundPath(_ fd: Int32) -> String? {
+        var address = sockaddr_un()
+        var length = socklen_t(MemoryLayout<sockaddr_un>.size)
+        let result = withUnsafeMutablePointer(to: &address) { pointer in
+            pointer.withMemoryRebound(to: sockaddr.self, capacity: 1) { getsockname(fd, $0, &length) }
+        }
+        guard result == 0, address.sun_family == sa_family_t(AF_UNIX) else { return nil }
+        let path = withUnsafeBytes(of: address.sun_path) { bytes in Array(bytes.prefix { $0 != 0 }) }
+        guard let first = path.first, first == UInt8(ascii: "/") else { return nil }
+        return String(decoding: path, as: UTF8.self)
+    }
+
     /// Reads `SO_PEERCRED` of a connected socket.
     /// - Parameter fd: a connected Unix stream socket.
     /// - Returns: the peer's credentials, or nil when the kernel gives none.

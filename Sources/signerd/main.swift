@@ -76,10 +76,14 @@ do {
     }
     fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(error.returnValue?.name ?? "")])
 }
+
+// Prove every configured key signs before telling systemd we are ready.
+var keyProblems: [String] = []
 for key in configuration.keys {
     do {
-        _ = try token.publicKey(keyID: key.keyID)
+        try token.selfTest(keyID: key.keyID)
     } catch {
+        keyProblems.append(key.keyID)
         logger.error("key_unusable", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue), "hint": "import it with signctl keys import; /readyz reports it until then"])
     }
 }
@@ -87,11 +91,19 @@ for key in configuration.keys {
 let metrics = Metrics()
 let service = SignerService(configuration: configuration, token: token, logger: logger, metrics: metrics)
 let listener: Int32
+let socketActivated: Bool
 do {
-    listener = try UnixListener.bind(path: configuration.socketPath, mode: configuration.socketMode, group: configuration.socketGroup)
+    if let passed = try Systemd.takeListeningSocket() {
+        listener = passed
+        socketActivated = true
+    } else {
+        listener = try UnixListener.bind(path: configuration.socketPath, mode: configuration.socketMode, group: configuration.socketGroup)
+        socketActivated = false
+    }
 } catch {
     fail(.unavailable, "socket_bind_failed", logger: logger, ["socket.path": .string(configuration.socketPath), "error": .string(error.message)])
 }
+let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
 var serverOptions = HTTPServerOptions()
 serverOptions.threads = configuration.effectiveHTTPThreads
 serverOptions.connectionLimit = configuration.maxConnections
@@ -105,11 +117,26 @@ let server = HTTPServer(listenDescriptor: listener, options: serverOptions, hand
 do {
     try server.start()
 } catch {
-    unlink(configuration.socketPath)
+    if !socketActivated { unlink(configuration.socketPath) }
     fail(.unavailable, "http_start_failed", logger: logger, ["error": .string(error.message)])
 }
+let status = keyProblems.isEmpty ? "serving \(configuration.keys.count) keys on \(listeningPath)"
+    : "serving on \(listeningPath); keys failing their self-test: \(keyProblems.joined(separator: ", "))"
+Systemd.notify("READY=1\nSTATUS=\(status)\nMAINPID=\(getpid())")
+if let interval = Systemd.watchdogPingInterval {
+    // Ping only while the HTTP server answers its own /healthz: a wedged
+    // server stops the pings and systemd restarts the service.
+    OSThread.start {
+        while true {
+            usleep(useconds_t(interval * 1_000_000))
+            if let answer = try? SignerClient(socketPath: listeningPath, timeout: max(1, interval / 2)).send("GET", "/healthz"), answer.status == 200 {
+                Systemd.notify("WATCHDOG=1")
+            }
+        }
+    }
+}
 logger.notice("signerd_ready", [
-    "socket.path": .string(configuration.socketPath), "token.label": .string(token.label),
+    "socket.path": .string(listeningPath), "socket.activated": .bool(socketActivated), "token.label": .string(token.label),
     "keys": .int(Int64(configuration.keys.count)), "http.threads": .int(Int64(serverOptions.threads)),
     "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())),
 ])
@@ -118,6 +145,8 @@ while true {
     let received = ProcessControl.waitForSignal(handledSignals)
     if received == SIGHUP {
         logger.info("reload_requested", ["config.path": .string(configPath)])
+        Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(Systemd.monotonicMicroseconds)")
+        defer { Systemd.notify("READY=1\nSTATUS=serving \(service.configuration.keys.count) keys on \(listeningPath)") }
         do {
             let fresh = try SignerConfiguration.load(path: configPath)
             try service.reload(fresh)
@@ -128,8 +157,10 @@ while true {
         continue
     }
     logger.notice("shutdown_requested", ["signal": .int(Int64(received))])
+    Systemd.notify("STOPPING=1")
     let listening = server.stopAccepting()
-    unlink(configuration.socketPath)
+    // A socket systemd created stays; it belongs to signerd.socket.
+    if !socketActivated { unlink(configuration.socketPath) }
     if listening >= 0 { close(listening) }
     // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
     let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)

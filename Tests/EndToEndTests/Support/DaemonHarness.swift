@@ -95,12 +95,16 @@ final class DaemonHarness: @unchecked Sendable {
     }
 
     /// Starts signerd and waits until /healthz answers.
-    func start() throws {
+    /// - Parameters:
+    ///   - extraEnvironment: added to the daemon's environment (NOTIFY_SOCKET, WATCHDOG_USEC).
+    ///   - launcher: a command that runs signerd (systemd-socket-activate …), or empty.
+    func start(extraEnvironment: [String: String] = [:], launcher: [String] = []) throws {
         if config.isEmpty { try writeConfig() }
         let process = Process()
-        process.executableURL = URL(fileURLWithPath: Binaries.signerd)
-        process.arguments = ["--config", configPath]
-        process.environment = environment
+        let command = launcher + [Binaries.signerd, "--config", configPath]
+        process.executableURL = URL(fileURLWithPath: command[0].hasPrefix("/") ? command[0] : "/usr/bin/" + command[0])
+        process.arguments = Array(command.dropFirst())
+        process.environment = environment.merging(extraEnvironment) { _, new in new }
         process.standardError = logPipe
         process.standardOutput = FileHandle.nullDevice
         let lines = logLines

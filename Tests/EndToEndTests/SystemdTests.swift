@@ -1,0 +1,117 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A `NOTIFY_SOCKET` of the test's own: a datagram socket that collects what signerd tells systemd.
+final class NotifyListener {
+    let path: String
+    private let fd: Int32
+
+    init(directory: String) throws {
+        path = directory + "/notify.sock"
+        fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        withUnsafeMutableBytes(of: &address.sun_path) { $0.copyBytes(from: Array(path.utf8) + [0]) }
+        let bound = withUnsafePointer(to: &address) { $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) } }
+        guard bound == 0 else { throw FixtureError("cannot bind \(path)") }
+        var timeout = timeval(tv_sec: 0, tv_usec: 200_000)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
+
+    deinit { close(fd) }
+
+    /// Messages received within `seconds`, or until one contains `until`.
+    func messages(for seconds: Double, until: String? = nil) -> [String] {
+        var out: [String] = []
+        let deadline = Date().addingTimeInterval(seconds)
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while Date() < deadline {
+            let n = recv(fd, &buffer, buffer.count, 0)
+            guard n > 0 else { continue }
+            let message = String(decoding: buffer[0..<n], as: UTF8.self)
+            out.append(message)
+            if let until, message.contains(until) { break }
+        }
+        return out
+    }
+}
+
+@Suite("systemd integration", .serialized)
+struct SystemdTests {
+    static let hasSystemdAnalyze = FileManager.default.isExecutableFile(atPath: "/usr/bin/systemd-analyze")
+    static let hasSocketActivate = FileManager.default.isExecutableFile(atPath: "/usr/bin/systemd-socket-activate")
+
+    @Test("the units pass systemd-analyze verify", .enabled(if: hasSystemdAnalyze, "systemd-analyze is not installed (Debian package systemd)"))
+    func unitsVerify() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-units")
+        for unit in ["signerd.service", "signerd.socket"] {
+            let text = try String(contentsOfFile: Binaries.root + "/contrib/systemd/" + unit, encoding: .utf8)
+                .replacingOccurrences(of: "/usr/local/bin/signerd", with: Binaries.signerd)
+            try text.write(toFile: directory + "/" + unit, atomically: true, encoding: .utf8)
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/systemd-analyze")
+        process.arguments = ["verify", "--man=no", directory + "/signerd.socket", directory + "/signerd.service"]
+        process.currentDirectoryURL = URL(fileURLWithPath: directory)
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = pipe
+        try process.run()
+        let output = String(decoding: pipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0, "\(output)")
+        #expect(output.trimmingCharacters(in: .whitespacesAndNewlines).isEmpty, "\(output)")
+        let sysusers = try String(contentsOfFile: Binaries.root + "/contrib/systemd/signerd.sysusers.conf", encoding: .utf8)
+        #expect(sysusers.contains("u signerd "))
+    }
+
+    @Test("sd_notify: READY=1 once serving, RELOADING=1/READY=1 around SIGHUP, WATCHDOG=1 with WatchdogSec, STOPPING=1")
+    func notifications() throws {
+        let daemon = try DaemonHarness()
+        let notify = try NotifyListener(directory: daemon.directory)
+        try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000"])
+        let startup = notify.messages(for: 5, until: "READY=1")
+        let ready = try #require(startup.last)
+        #expect(ready.contains("READY=1"))
+        #expect(ready.contains("STATUS=serving 1 keys"))
+        #expect(ready.contains("MAINPID=\(daemon.process!.processIdentifier)"))
+        let pings = notify.messages(for: 1.2).filter { $0 == "WATCHDOG=1" }
+        #expect(pings.count >= 3, "a ping every 200 ms (half of WATCHDOG_USEC); got \(pings.count)")
+        daemon.send(SIGHUP)
+        let reload = notify.messages(for: 3, until: "READY=1").filter { $0 != "WATCHDOG=1" }
+        #expect(reload.first?.hasPrefix("RELOADING=1\nMONOTONIC_USEC=") == true, "\(reload)")
+        #expect(reload.last?.hasPrefix("READY=1") == true, "\(reload)")
+        #expect(daemon.stop() == 0)
+        #expect(notify.messages(for: 1).contains("STOPPING=1"))
+    }
+
+    @Test("socket activation: signerd takes the listening socket from LISTEN_FDS and leaves it to systemd on exit",
+          .enabled(if: hasSocketActivate, "systemd-socket-activate is not installed (Debian package systemd)"))
+    func socketActivation() throws {
+        let daemon = try DaemonHarness()
+        // signerd.json names the same path; systemd-socket-activate binds it and passes it as fd 3.
+        try daemon.start(launcher: ["systemd-socket-activate", "-l", daemon.socketPath, "-E", "SOFTHSM2_CONF=\(daemon.softHSMConf)"])
+        #expect(daemon.log.contains { $0.contains("\"signerd_ready\"") && $0.contains("\"socket.activated\":true") })
+        try expectServing(daemon)
+        #expect(daemon.stop() == 0)
+        var info = stat()
+        #expect(lstat(daemon.socketPath, &info) == 0, "the socket systemd made is still there")
+    }
+
+    @Test("core dumps are off: RLIMIT_CORE is 0 in the running daemon")
+    func noCoreDumps() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let limits = try String(contentsOfFile: "/proc/\(daemon.process!.processIdentifier)/limits", encoding: .utf8)
+        let core = try #require(limits.split(separator: "\n").first { $0.hasPrefix("Max core file size") })
+        #expect(core.split(separator: " ", omittingEmptySubsequences: true).dropFirst(4).prefix(2) == ["0", "0"], "\(core)")
+    }
+}
