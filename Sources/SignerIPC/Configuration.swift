@@ -56,8 +56,10 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var allowedUIDs: [UInt32] = []
     /// gids whose members may call.
     public var allowedGIDs: [UInt32] = []
-    /// PKCS#11 sessions used at once, and the worker threads that use them. Default 8.
-    public var sessionPoolSize = 8
+    /// PKCS#11 sessions used at once, and the worker threads that use them.
+    /// Default twice the online CPUs, at most 8 (a software token like
+    /// SoftHSM signs on the host's CPUs; a network HSM may want more).
+    public var sessionPoolSize = min(8, 2 * max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     /// Verify every signature with the public key before returning it. Default true.
     public var verifyBeforeReturn = true
     /// The lowest log level written. Default `info`.

@@ -30,142 +30,148 @@ func fail(_ code: ExitCode, _ message: String, logger: Logger? = nil, _ metadata
     exit(code.rawValue)
 }
 
-let handledSignals = [SIGTERM, SIGINT, SIGHUP]
-ProcessControl.blockSignals(handledSignals)
-ProcessControl.disableCoreDumps()
+/// The daemon: everything after the process starts, in a function rather
+/// than top-level code (whose globals made the optimizer run away in release).
+func runDaemon() -> Never {
+    let handledSignals = [SIGTERM, SIGINT, SIGHUP]
+    ProcessControl.blockSignals(handledSignals)
+    ProcessControl.disableCoreDumps()
 
-let arguments: Arguments
-do {
-    arguments = try Arguments(Array(CommandLine.arguments.dropFirst()), options: ["config"], flags: ["check-config"])
-    _ = try arguments.positionals(0, "")
-} catch {
-    FileHandle.standardError.write(Data("error: \(error.message)\nhint: \(error.hint)\n".utf8))
-    exit(ExitCode.usage.rawValue)
-}
-if arguments.flag("help") {
-    print(usage)
-    exit(0)
-}
-let configPath = arguments.options["config"] ?? SignerConfiguration.defaultPath
-
-var configuration: SignerConfiguration
-do {
-    configuration = try SignerConfiguration.load(path: configPath)
-} catch {
-    fail(.config, "config_invalid", logger: Logger(), ["config.path": .string(configPath), "error": .string(error.message)])
-}
-if arguments.flag("check-config") {
-    print("configuration \(configPath) is valid")
-    exit(0)
-}
-let logger = Logger(minimumLevel: configuration.logLevel)
-ProcessControl.raiseOpenFileLimit(to: 2 * configuration.maxConnections + 64)
-
-var tokenOptions = TokenOptions()
-tokenOptions.sessionPoolSize = configuration.sessionPoolSize
-tokenOptions.sessionCheckoutTimeout = Double(configuration.sessionCheckoutTimeoutMs) / 1000
-tokenOptions.logger = logger
-let token: HSMToken
-do {
-    token = try HSMToken(uri: PKCS11URI(configuration.tokenURI), options: tokenOptions)
-} catch {
-    let code: ExitCode = switch error.code {
-    case .pinRejected: .noPermission
-    case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
-    default: .unavailable
-    }
-    fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(error.returnValue?.name ?? "")])
-}
-
-// Prove every configured key signs before telling systemd we are ready.
-var keyProblems: [String] = []
-for key in configuration.keys {
+    let arguments: Arguments
     do {
-        try token.selfTest(keyID: key.keyID)
+        arguments = try Arguments(Array(CommandLine.arguments.dropFirst()), options: ["config"], flags: ["check-config"])
+        _ = try arguments.positionals(0, "")
     } catch {
-        keyProblems.append(key.keyID)
-        logger.error("key_unusable", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue), "hint": "import it with signctl keys import; /readyz reports it until then"])
+        FileHandle.standardError.write(Data("error: \(error.message)\nhint: \(error.hint)\n".utf8))
+        exit(ExitCode.usage.rawValue)
     }
-}
+    if arguments.flag("help") {
+        print(usage)
+        exit(0)
+    }
+    let configPath = arguments.options["config"] ?? SignerConfiguration.defaultPath
 
-let metrics = Metrics()
-let service = SignerService(configuration: configuration, token: token, logger: logger, metrics: metrics)
-let listener: Int32
-let socketActivated: Bool
-do {
-    if let passed = try Systemd.takeListeningSocket() {
-        listener = passed
-        socketActivated = true
-    } else {
-        listener = try UnixListener.bind(path: configuration.socketPath, mode: configuration.socketMode, group: configuration.socketGroup)
-        socketActivated = false
+    var configuration: SignerConfiguration
+    do {
+        configuration = try SignerConfiguration.load(path: configPath)
+    } catch {
+        fail(.config, "config_invalid", logger: Logger(), ["config.path": .string(configPath), "error": .string(error.message)])
     }
-} catch {
-    fail(.unavailable, "socket_bind_failed", logger: logger, ["socket.path": .string(configuration.socketPath), "error": .string(error.message)])
-}
-let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
-var serverOptions = HTTPServerOptions()
-serverOptions.threads = configuration.effectiveHTTPThreads
-serverOptions.connectionLimit = configuration.maxConnections
-serverOptions.idleTimeoutSeconds = configuration.idleTimeoutSeconds
-serverOptions.requestTimeoutSeconds = Double(configuration.requestTimeoutSeconds)
-serverOptions.maxBodyBytes = configuration.maxBodyBytes
-serverOptions.maxHeaderBytes = configuration.maxHeaderBytes
-serverOptions.workers = token.sessionCapacity
-serverOptions.workerTimeoutSeconds = Double(configuration.signTimeoutMs) / 1000
-let server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: metrics)
-do {
-    try server.start()
-} catch {
-    if !socketActivated { unlink(configuration.socketPath) }
-    fail(.unavailable, "http_start_failed", logger: logger, ["error": .string(error.message)])
-}
-let status = keyProblems.isEmpty ? "serving \(configuration.keys.count) keys on \(listeningPath)"
-    : "serving on \(listeningPath); keys failing their self-test: \(keyProblems.joined(separator: ", "))"
-Systemd.notify("READY=1\nSTATUS=\(status)\nMAINPID=\(getpid())")
-if let interval = Systemd.watchdogPingInterval {
-    // Ping only while the HTTP server answers its own /healthz: a wedged
-    // server stops the pings and systemd restarts the service.
-    OSThread.start {
-        while true {
-            usleep(useconds_t(interval * 1_000_000))
-            if let answer = try? SignerClient(socketPath: listeningPath, timeout: max(1, interval / 2)).send("GET", "/healthz"), answer.status == 200 {
-                Systemd.notify("WATCHDOG=1")
+    if arguments.flag("check-config") {
+        print("configuration \(configPath) is valid")
+        exit(0)
+    }
+    let logger = Logger(minimumLevel: configuration.logLevel)
+    ProcessControl.raiseOpenFileLimit(to: 2 * configuration.maxConnections + 64)
+
+    var tokenOptions = TokenOptions()
+    tokenOptions.sessionPoolSize = configuration.sessionPoolSize
+    tokenOptions.sessionCheckoutTimeout = Double(configuration.sessionCheckoutTimeoutMs) / 1000
+    tokenOptions.logger = logger
+    let token: HSMToken
+    do {
+        token = try HSMToken(uri: PKCS11URI(configuration.tokenURI), options: tokenOptions)
+    } catch {
+        let code: ExitCode = switch error.code {
+        case .pinRejected: .noPermission
+        case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
+        default: .unavailable
+        }
+        fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(error.returnValue?.name ?? "")])
+    }
+
+    // Prove every configured key signs before telling systemd we are ready.
+    var keyProblems: [String] = []
+    for key in configuration.keys {
+        do {
+            try token.selfTest(keyID: key.keyID)
+        } catch {
+            keyProblems.append(key.keyID)
+            logger.error("key_unusable", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue), "hint": "import it with signctl keys import; /readyz reports it until then"])
+        }
+    }
+
+    let metrics = Metrics()
+    let service = SignerService(configuration: configuration, token: token, logger: logger, metrics: metrics)
+    let listener: Int32
+    let socketActivated: Bool
+    do {
+        if let passed = try Systemd.takeListeningSocket() {
+            listener = passed
+            socketActivated = true
+        } else {
+            listener = try UnixListener.bind(path: configuration.socketPath, mode: configuration.socketMode, group: configuration.socketGroup)
+            socketActivated = false
+        }
+    } catch {
+        fail(.unavailable, "socket_bind_failed", logger: logger, ["socket.path": .string(configuration.socketPath), "error": .string(error.message)])
+    }
+    let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
+    var serverOptions = HTTPServerOptions()
+    serverOptions.threads = configuration.effectiveHTTPThreads
+    serverOptions.connectionLimit = configuration.maxConnections
+    serverOptions.idleTimeoutSeconds = configuration.idleTimeoutSeconds
+    serverOptions.requestTimeoutSeconds = Double(configuration.requestTimeoutSeconds)
+    serverOptions.maxBodyBytes = configuration.maxBodyBytes
+    serverOptions.maxHeaderBytes = configuration.maxHeaderBytes
+    serverOptions.workers = token.sessionCapacity
+    serverOptions.workerTimeoutSeconds = Double(configuration.signTimeoutMs) / 1000
+    let server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: metrics)
+    do {
+        try server.start()
+    } catch {
+        if !socketActivated { unlink(configuration.socketPath) }
+        fail(.unavailable, "http_start_failed", logger: logger, ["error": .string(error.message)])
+    }
+    let status = keyProblems.isEmpty ? "serving \(configuration.keys.count) keys on \(listeningPath)"
+        : "serving on \(listeningPath); keys failing their self-test: \(keyProblems.joined(separator: ", "))"
+    Systemd.notify("READY=1\nSTATUS=\(status)\nMAINPID=\(getpid())")
+    if let interval = Systemd.watchdogPingInterval {
+        // Ping only while the HTTP server answers its own /healthz: a wedged
+        // server stops the pings and systemd restarts the service.
+        OSThread.start {
+            while true {
+                usleep(useconds_t(interval * 1_000_000))
+                if let answer = try? SignerClient(socketPath: listeningPath, timeout: max(1, interval / 2)).send("GET", "/healthz"), answer.status == 200 {
+                    Systemd.notify("WATCHDOG=1")
+                }
             }
         }
     }
-}
-logger.notice("signerd_ready", [
-    "socket.path": .string(listeningPath), "socket.activated": .bool(socketActivated), "token.label": .string(token.label),
-    "keys": .int(Int64(configuration.keys.count)), "http.threads": .int(Int64(serverOptions.threads)),
-    "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())),
-])
+    logger.notice("signerd_ready", [
+        "socket.path": .string(listeningPath), "socket.activated": .bool(socketActivated), "token.label": .string(token.label),
+        "keys": .int(Int64(configuration.keys.count)), "http.threads": .int(Int64(serverOptions.threads)),
+        "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())),
+    ])
 
-while true {
-    let received = ProcessControl.waitForSignal(handledSignals)
-    if received == SIGHUP {
-        logger.info("reload_requested", ["config.path": .string(configPath)])
-        Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(Systemd.monotonicMicroseconds)")
-        defer { Systemd.notify("READY=1\nSTATUS=serving \(service.configuration.keys.count) keys on \(listeningPath)") }
-        do {
-            let fresh = try SignerConfiguration.load(path: configPath)
-            try service.reload(fresh)
-            logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count))])
-        } catch {
-            logger.error("config_reload_refused", ["error": .string("\(error)"), "hint": "the previous configuration stays in effect"])
+    while true {
+        let received = ProcessControl.waitForSignal(handledSignals)
+        if received == SIGHUP {
+            logger.info("reload_requested", ["config.path": .string(configPath)])
+            Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(Systemd.monotonicMicroseconds)")
+            defer { Systemd.notify("READY=1\nSTATUS=serving \(service.configuration.keys.count) keys on \(listeningPath)") }
+            do {
+                let fresh = try SignerConfiguration.load(path: configPath)
+                try service.reload(fresh)
+                logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count))])
+            } catch {
+                logger.error("config_reload_refused", ["error": .string("\(error)"), "hint": "the previous configuration stays in effect"])
+            }
+            continue
         }
-        continue
+        logger.notice("shutdown_requested", ["signal": .int(Int64(received))])
+        Systemd.notify("STOPPING=1")
+        let listening = server.stopAccepting()
+        // A socket systemd created stays; it belongs to signerd.socket.
+        if !socketActivated { unlink(configuration.socketPath) }
+        if listening >= 0 { close(listening) }
+        // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
+        let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)
+        server.stop()
+        token.close()
+        logger.notice("signerd_stopped", ["drained": .bool(drained)])
+        exit(0)
     }
-    logger.notice("shutdown_requested", ["signal": .int(Int64(received))])
-    Systemd.notify("STOPPING=1")
-    let listening = server.stopAccepting()
-    // A socket systemd created stays; it belongs to signerd.socket.
-    if !socketActivated { unlink(configuration.socketPath) }
-    if listening >= 0 { close(listening) }
-    // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
-    let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)
-    server.stop()
-    token.close()
-    logger.notice("signerd_stopped", ["drained": .bool(drained)])
-    exit(0)
 }
+
+runDaemon()

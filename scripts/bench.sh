@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# signerd benchmark: one run on one machine, side by side, written to docs/BENCHMARKS.md.
+#
+#   scripts/bench.sh [--duration SECONDS] [--soak REQUESTS] [--output FILE]
+#
+# Builds release binaries, makes a throw-away SoftHSM token with one P-256 key,
+# and measures with the same closed-loop client (signctl bench):
+#   - the direct baseline: SHA-256 + C_SignInit/C_Sign in one process, 8 threads
+#     (measured before and after the others; ratios use the mean of the two);
+#   - signerd at concurrency 1, 8, 32 and 128, verify_before_return off and on
+#     (default configuration otherwise);
+#   - p11-kit server exposing the same token, with the same sign loop running
+#     in one client process through p11-kit-client.so, 8 threads;
+#   - a soak of --soak requests (default 1,000,000) against signerd: RSS at start
+#     and end, open descriptors before and after.
+# Prints the table and rewrites the measured part of docs/BENCHMARKS.md (between
+# the bench:begin/bench:end markers; the notes around them are kept).
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+duration=${BENCH_DURATION:-10}
+soak=${BENCH_SOAK:-1000000}
+output=$repo/docs/BENCHMARKS.md
+while [ $# -gt 0 ]; do
+  case $1 in
+    --duration) duration=$2; shift 2 ;;
+    --soak) soak=$2; shift 2 ;;
+    --output) output=$2; shift 2 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) echo "error: unknown argument $1" >&2; exit 64 ;;
+  esac
+done
+
+echo "==> building release binaries" >&2
+(cd "$repo" && swift build -c release --product signerd >&2 && swift build -c release --product signctl >&2)
+bin=$(cd "$repo" && swift build -c release --show-bin-path)
+export SIGNCTL=$bin/signctl
+
+work=$(mktemp -d /tmp/signerd-bench-XXXXXX)
+daemon_pid=""
+p11kit_pid=""
+cleanup() {
+  [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
+  [ -n "$p11kit_pid" ] && kill "$p11kit_pid" 2>/dev/null
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+echo "==> throw-away SoftHSM token in $work" >&2
+token_uri=$("$repo/scripts/softhsm-setup.sh" "$work/hsm" --label bench)
+export SOFTHSM2_CONF=$work/hsm/softhsm2.conf
+module=$(printf '%s' "$token_uri" | sed -E 's/.*module-path=([^&]*).*/\1/')
+(umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$work/AuthKey_BENCH00001.p8")
+
+write_config() {  # $1 verify_before_return, $2 file, $3 token_uri
+  cat > "$2" <<JSON
+{
+  "token_uri": "$3",
+  "socket_path": "$work/signerd.sock",
+  "issuer_id": "00000000-0000-4000-8000-000000000000",
+  "keys": [{"key_id": "BENCH00001", "bundle_ids": ["com.example.bench"]}],
+  "verify_before_return": $1,
+  "log_level": "warning"
+}
+JSON
+}
+write_config true "$work/verify-on.json" "$token_uri"
+write_config false "$work/verify-off.json" "$token_uri"
+"$bin/signctl" --config "$work/verify-on.json" keys import "$work/AuthKey_BENCH00001.p8" >&2
+
+start_daemon() {  # $1 config
+  "$bin/signerd" --config "$1" 2>>"$work/signerd.log" &
+  daemon_pid=$!
+  for _ in $(seq 1 100); do
+    "$bin/signctl" --config "$1" health >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "error: signerd did not become ready" >&2; cat "$work/signerd.log" >&2; exit 69
+}
+stop_daemon() {
+  kill "$daemon_pid"; wait "$daemon_pid" 2>/dev/null || true; daemon_pid=""
+}
+
+results=$work/results
+mkdir -p "$results"
+run() {  # name, config, signctl bench arguments…
+  local name=$1 config=$2; shift 2
+  echo "==> $name" >&2
+  "$bin/signctl" --config "$config" bench --json "$@" > "$results/$name.json"
+}
+
+run direct-c8-before "$work/verify-on.json" --direct --concurrency 8 --duration "$duration"
+run direct-c1 "$work/verify-on.json" --direct --concurrency 1 --duration "$duration"
+for verify in off on; do
+  start_daemon "$work/verify-$verify.json"
+  for c in 1 8 32 128; do
+    run "signerd-verify-$verify-c$c" "$work/verify-$verify.json" --concurrency "$c" --duration "$duration"
+  done
+  stop_daemon
+done
+
+echo "==> p11-kit server on the same token" >&2
+eval "$(p11-kit server --provider "$module" -n "$work/p11kit.sock" "pkcs11:token=bench")"
+p11kit_pid=$P11_KIT_SERVER_PID
+client_module=$(find /usr/lib -name p11-kit-client.so -path '*pkcs11*' | head -1)
+write_config true "$work/p11kit.json" "pkcs11:token=bench?module-path=$client_module&pin-source=file:$work/hsm/pin"
+run p11kit-c8 "$work/p11kit.json" --direct --concurrency 8 --duration "$duration"
+kill "$p11kit_pid"; p11kit_pid=""
+
+run direct-c8-after "$work/verify-on.json" --direct --concurrency 8 --duration "$duration"
+
+echo "==> soak: $soak requests through signerd (default configuration, concurrency 8)" >&2
+start_daemon "$work/verify-on.json"
+run soak "$work/verify-on.json" --concurrency 8 --requests "$soak"
+stop_daemon
+
+machine_cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
+machine_cores=$(nproc)
+machine_mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
+versions="swift $(swift --version 2>/dev/null | head -1 | sed -E 's/.*version ([^ ]+).*/\1/'), SoftHSM $(dpkg-query -W -f='${Version}' softhsm2), p11-kit $(dpkg-query -W -f='${Version}' p11-kit), OpenSSL $(dpkg-query -W -f='${Version}' libssl3), libmicrohttpd $(dpkg-query -W -f='${Version}' libmicrohttpd12), kernel $(uname -r)"
+commit=$(cd "$repo" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+
+python3 - "$results" "$output" "$machine_cpu" "$machine_cores" "$machine_mem" "$versions" "$duration" "$soak" "$commit" <<'PY'
+import json, os, sys, datetime
+results, output, cpu, cores, mem, versions, duration, soak, commit = sys.argv[1:]
+r = {name[:-5]: json.load(open(os.path.join(results, name))) for name in os.listdir(results)}
+base = (r["direct-c8-before"]["throughput_rps"] + r["direct-c8-after"]["throughput_rps"]) / 2
+def row(label, key):
+    x = r[key]; l = x["latency_ms"]
+    errors = sum(x["errors"].values())
+    rss = x.get("rss_kib") or {}
+    return "| %s | %d | %.0f | %.2f | %.3f | %.3f | %.3f | %.3f | %.3f | %d | %s |" % (
+        label, x["concurrency"], x["throughput_rps"], x["throughput_rps"] / base,
+        l.get("p50", 0), l.get("p90", 0), l.get("p99", 0), l.get("p99.9", 0), l.get("max", 0), errors,
+        ("%.1f" % (rss["after"] / 1024)) if rss else "–")
+lines = []
+lines.append("Measured %s UTC on %s (%s cores, %s), commit %s." % (datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), cpu, cores, mem, commit))
+lines.append("")
+lines.append("Versions: %s." % versions)
+lines.append("")
+lines.append("Command: `scripts/bench.sh --duration %s --soak %s` (client and daemon on the same machine; every run %s s, closed loop, keep-alive connections)." % (duration, soak, duration))
+lines.append("")
+lines.append("| run | concurrency | signatures/s | × baseline | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | daemon RSS after, MiB |")
+lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
+lines.append(row("direct PKCS#11 baseline (before)", "direct-c8-before"))
+lines.append(row("direct PKCS#11 baseline (after)", "direct-c8-after"))
+lines.append(row("direct PKCS#11, one thread", "direct-c1"))
+for v in ["off", "on"]:
+    for c in [1, 8, 32, 128]:
+        lines.append(row("signerd, verify_before_return %s" % v, "signerd-verify-%s-c%d" % (v, c)))
+lines.append(row("p11-kit server + p11-kit-client.so", "p11kit-c8"))
+lines.append("")
+off8 = r["signerd-verify-off-c8"]["throughput_rps"]; on8 = r["signerd-verify-on-c8"]["throughput_rps"]
+p11 = r["p11kit-c8"]["throughput_rps"]
+basemean = base
+d1 = r["direct-c1"]["latency_ms"]["mean"]
+d8mean = (r["direct-c8-before"]["latency_ms"]["mean"] + r["direct-c8-after"]["latency_ms"]["mean"]) / 2  # ms per signature per thread
+p99_8 = r["signerd-verify-off-c8"]["latency_ms"]["p99"]
+rss128 = max(r["signerd-verify-off-c128"]["rss_kib"]["after"], r["signerd-verify-on-c128"]["rss_kib"]["after"]) / 1024
+s = r["soak"]
+growth = (s["rss_kib"]["after"] - s["rss_kib"]["before"]) / s["rss_kib"]["before"] * 100
+def verdict(ok): return "met" if ok else "**missed**"
+lines.append("| target | measured | |")
+lines.append("|---|---|---|")
+lines.append("| signerd c=8, verify off ≥ 0.85 × direct c=8 | %.0f / %.0f = %.2f × | %s |" % (off8, basemean, off8 / basemean, verdict(off8 >= 0.85 * basemean)))
+lines.append("| signerd c=8, verify on ≥ 0.5 × direct c=8 | %.0f / %.0f = %.2f × (verification costs %.0f %%) | %s |" % (on8, basemean, on8 / basemean, (1 - on8 / off8) * 100, verdict(on8 >= 0.5 * basemean)))
+lines.append("| signerd c=8 ≥ 1.3 × p11-kit server c=8 | %.0f / %.0f = %.2f × | %s |" % (off8, p11, off8 / p11, verdict(off8 >= 1.3 * p11)))
+lines.append("| p99 at c=8 ≤ 2 × baseline mean per signature + 1 ms | %.2f ms vs %.2f ms (baseline mean %.3f ms per signature per thread) | %s |" % (p99_8, 2 * d8mean + 1, d8mean, verdict(p99_8 <= 2 * d8mean + 1)))
+lines.append("| daemon RSS ≤ 40 MiB at c=128 | %.1f MiB | %s |" % (rss128, verdict(rss128 <= 40)))
+lines.append("| soak of %d requests: RSS growth ≤ 5 %%, no descriptor left over | RSS %.1f → %.1f MiB (%+.1f %%), descriptors %d → %d, %d errors, %.0f signatures/s | %s |" % (
+    s["requests"], s["rss_kib"]["before"] / 1024, s["rss_kib"]["after"] / 1024, growth, s["open_fds"]["before"], s["open_fds"]["after"], sum(s["errors"].values()), s["throughput_rps"],
+    verdict(growth <= 5 and s["open_fds"]["after"] <= s["open_fds"]["before"])))
+block = "\n".join(lines)
+print(block)
+begin, end = "<!-- bench:begin -->", "<!-- bench:end -->"
+text = open(output).read() if os.path.exists(output) else "# Benchmarks\n\n%s\n%s\n" % (begin, end)
+if begin not in text:
+    text += "\n%s\n%s\n" % (begin, end)
+head, rest = text.split(begin, 1)
+tail = rest.split(end, 1)[1]
+open(output, "w").write(head + begin + "\n" + block + "\n" + end + tail)
+print("\nwrote " + output, file=sys.stderr)
+PY
