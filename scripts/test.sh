@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Runs signerd's whole test suite: unit tests, SoftHSM token tests, and the
-# end-to-end tests that start the real signerd binary on a throw-away SoftHSM
-# token. Needs the packages .ci/run installs (scripts/install-deps.sh).
-# Every token, socket and key lives in a temporary directory; the system's
-# SoftHSM tokens are never touched.
+# Runs signerd's whole test suite: unit tests, SoftHSM token tests, fault
+# injection, and the end-to-end tests that start the real signerd binary on
+# throw-away SoftHSM tokens. Installs what is missing first
+# (scripts/install-deps.sh; skip with SIGNERD_SKIP_DEPS=1). Every token,
+# socket and key lives in a temporary directory; the system's SoftHSM tokens
+# are never touched. Extra arguments go to `swift test` (e.g. --filter).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+[ "${SIGNERD_SKIP_DEPS:-0}" = 1 ] || scripts/install-deps.sh
 swift build --build-tests
 swift test --skip-build "$@"

@@ -39,6 +39,7 @@ public struct FieldError: Error, Hashable, Sendable, CustomStringConvertible {
         FieldError(code: "missing_field", field: field, message: what.isEmpty ? "\(field) is required" : "\(field) is required: \(what)")
     }
 
+    /// The code, the field in parentheses and the message, e.g. `invalid_field (timestamp): …`.
     public var description: String { "\(code) (\(field)): \(message)" }
 }
 

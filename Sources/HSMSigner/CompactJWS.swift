@@ -16,6 +16,7 @@ public struct JWSError: Error, Sendable, Equatable, CustomStringConvertible {
     public var code: String
     /// A sentence for people.
     public var message: String
+    /// The code and message, e.g. `jws_alg: …`.
     public var description: String { "\(code): \(message)" }
     init(_ code: String, _ message: String) {
         self.code = code

@@ -60,6 +60,7 @@ public enum ECCurve: String, Sendable, Hashable, CaseIterable, CustomStringConve
         }
     }
 
+    /// The NIST name (the raw value), e.g. `P-256`.
     public var description: String { rawValue }
 }
 
@@ -77,6 +78,7 @@ public struct SignatureEncodingError: Error, Hashable, Sendable, CustomStringCon
         self.message = message
     }
 
+    /// The code and message, e.g. `der_tag: …`.
     public var description: String { "\(code): \(message)" }
 }
 

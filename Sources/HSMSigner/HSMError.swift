@@ -8,8 +8,11 @@
 public struct HSMError: Error, Sendable, CustomStringConvertible {
     /// Stable error codes.
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        /// The code as the API, logs and metrics spell it, e.g. `pin_rejected`.
         public var rawValue: String
+        /// Makes a code from its spelling.
         public init(rawValue: String) { self.rawValue = rawValue }
+        /// The raw value.
         public var description: String { rawValue }
 
         /// A PKCS#11 function returned a failure not covered by a more specific code.
@@ -79,6 +82,8 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         self.keyID = keyID
     }
 
+    /// The code and message, then `token=` and `key=` when known; for logs
+    /// and `signctl`'s error line. Never contains a PIN or key bytes.
     public var description: String {
         var parts = ["\(code): \(message)"]
         if let tokenLabel { parts.append("token=\(tokenLabel)") }

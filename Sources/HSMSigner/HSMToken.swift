@@ -259,7 +259,7 @@ public final class HSMToken: @unchecked Sendable {
                 logger.debug("token_login", ["token.label": .string(label)])
             case _ where PKCS11ReturnValue.pinFailures.contains(rv):
                 state.withLock { $0.status = .pinRejected(rv) }
-                logger.critical("pin_rejected", ["token.label": .string(label), "p11.rv": .string(rv.name), "hint": "fix the PIN source and reload (SIGHUP); no further login is attempted"])
+                logger.critical("pin_rejected", ["token.label": .string(label), "p11.rv": .string(rv.name), "hint": "fix the PIN source, then reload (SIGHUP), or restart when systemd passes the PIN with LoadCredential=; no further login is attempted"])
                 throw HSMError(pkcs11: .login, rv, message: "the token refused the PIN; not retrying, since tokens lock after a few wrong PINs", tokenLabel: label)
             default:
                 throw HSMError(pkcs11: .login, rv, message: "cannot log in", tokenLabel: label)
@@ -321,6 +321,13 @@ public final class HSMToken: @unchecked Sendable {
         state.withLock { state in
             if let keyID { state.keys[keyID] = nil } else { state.keys.removeAll() }
         }
+    }
+
+    /// The public key of `keyID` if it is already cached; never calls the token.
+    /// - Parameter keyID: the App Store key ID.
+    /// - Returns: the cached public key, or nil.
+    public func cachedPublicKey(keyID: String) -> ECPublicKey? {
+        state.withLock { $0.keys[keyID]?.publicKey }
     }
 
     /// The public key of `keyID`, read from its public key object.
@@ -630,17 +637,23 @@ public final class HSMToken: @unchecked Sendable {
             // Look the keys up again so the first request does not pay for
             // it, and sign once to prove the token signs again.
             var keys: [String: CachedKey] = [:]
+            var missing: [String] = []
             for keyID in keyIDs {
                 do {
                     keys[keyID] = try withSessionDuringRecovery { (session) throws(HSMError) in try lookUpKey(keyID, session: session) }
                 } catch where error.code == .keyNotFound {
-                    continue  // deleted, perhaps on purpose; judged below
+                    missing.append(keyID)
                 }
             }
-            // A token that lost every key it had is not back yet (its storage
-            // is still away); one that lost some had them deleted.
-            if !keyIDs.isEmpty && keys.isEmpty {
-                return .failure(HSMError(.keyNotFound, "none of the token's keys (\(keyIDs.joined(separator: ", "))) is there yet"))
+            // The token itself answered (found, logged in): a key that is not
+            // on it now was deleted (by signctl in another process, say). It
+            // is no longer expected, so asking for it is a plain 404 rather
+            // than another outage.
+            if !missing.isEmpty {
+                state.withLock { state in
+                    for keyID in missing { state.knownKeys.remove(keyID) }
+                }
+                logger.warning("key_missing_after_recovery", ["keys": .string(missing.joined(separator: ",")), "token.label": .string(label)])
             }
             if let (keyID, key) = keys.first(where: { $0.value.publicKey != nil }) {
                 let digest = SecureRandom.bytes(32)

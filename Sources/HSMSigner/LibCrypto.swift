@@ -12,8 +12,11 @@ internal import CSignerShim
 public struct CryptoError: Error, Hashable, Sendable, CustomStringConvertible {
     /// Stable error codes.
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        /// The code as programs see it, e.g. `key_file_invalid`.
         public var rawValue: String
+        /// Makes a code from its spelling.
         public init(rawValue: String) { self.rawValue = rawValue }
+        /// The raw value.
         public var description: String { rawValue }
 
         /// The key file could not be read (missing, permissions, too large).
@@ -47,6 +50,8 @@ public struct CryptoError: Error, Hashable, Sendable, CustomStringConvertible {
         self.openSSLErrors = CryptoError.drainQueue()
     }
 
+    /// The code and message, then OpenSSL's queued errors in parentheses
+    /// (joined by `; `) when there are any; for `signctl`'s error line.
     public var description: String {
         openSSLErrors.isEmpty ? "\(code): \(message)" : "\(code): \(message) (\(openSSLErrors.joined(separator: "; ")))"
     }
@@ -101,9 +106,18 @@ public protocol ContiguousBytes {
 extension Array: ContiguousBytes where Element == UInt8 {}
 extension ArraySlice: ContiguousBytes where Element == UInt8 {}
 extension UnsafeRawBufferPointer: ContiguousBytes {
+    /// Calls `body` with this buffer itself.
+    /// - Parameter body: reads the bytes; the pointer is valid only during the call.
+    /// - Returns: what `body` returns.
+    /// - Throws: what `body` throws.
     public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R { try body(self) }
 }
 extension String.UTF8View: ContiguousBytes {
+    /// Calls `body` with the string's UTF-8 bytes: its contiguous storage when
+    /// it has one, else a temporary copy.
+    /// - Parameter body: reads the bytes; the pointer is valid only during the call.
+    /// - Returns: what `body` returns.
+    /// - Throws: what `body` throws.
     public func withUnsafeBytes<R>(_ body: (UnsafeRawBufferPointer) throws -> R) rethrows -> R {
         if let result = try self.withContiguousStorageIfAvailable({ try body(UnsafeRawBufferPointer($0)) }) {
             return result
@@ -280,6 +294,8 @@ public final class ECPublicKey: Sendable, Equatable {
         return verify(derSignature: der, digest: digest)
     }
 
+    /// Two keys are equal when their curves and uncompressed points
+    /// (SEC 1 v2 §2.3.3) are equal.
     public static func == (lhs: ECPublicKey, rhs: ECPublicKey) -> Bool {
         lhs.curve == rhs.curve && lhs.uncompressedPoint == rhs.uncompressedPoint
     }

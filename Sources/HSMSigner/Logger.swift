@@ -10,6 +10,7 @@ public enum LogLevel: String, Sendable, Comparable, CaseIterable {
 
     private var rank: Int { LogLevel.allCases.firstIndex(of: self)! }  // every case is in allCases
 
+    /// Orders levels by severity: `trace` lowest, `critical` highest.
     public static func < (lhs: LogLevel, rhs: LogLevel) -> Bool { lhs.rank < rhs.rank }
 }
 
@@ -20,9 +21,12 @@ public enum LogValue: Sendable, Equatable, ExpressibleByStringLiteral, Expressib
     case double(Double)
     case bool(Bool)
 
+    /// Makes a ``string(_:)`` value from a string literal.
     public init(stringLiteral value: String) { self = .string(value) }
+    /// Makes an ``int(_:)`` value from an integer literal.
     public init(integerLiteral value: Int64) { self = .int(value) }
 
+    /// The value as plain text, without JSON quoting.
     public var description: String {
         switch self {
         case .string(let value): value
@@ -107,12 +111,19 @@ public struct Logger: Sendable {
         sink(line)
     }
 
+    /// Writes a `trace` line; see ``log(_:_:_:)``.
     public func trace(_ message: String, _ metadata: KeyValuePairs<String, LogValue> = [:]) { log(.trace, message, metadata) }
+    /// Writes a `debug` line; see ``log(_:_:_:)``.
     public func debug(_ message: String, _ metadata: KeyValuePairs<String, LogValue> = [:]) { log(.debug, message, metadata) }
+    /// Writes a `info` line; see ``log(_:_:_:)``.
     public func info(_ message: String, _ metadata: KeyValuePairs<String, LogValue> = [:]) { log(.info, message, metadata) }
+    /// Writes a `notice` line; see ``log(_:_:_:)``.
     public func notice(_ message: String, _ metadata: KeyValuePairs<String, LogValue> = [:]) { log(.notice, message, metadata) }
+    /// Writes a `warning` line; see ``log(_:_:_:)``.
     public func warning(_ message: String, _ metadata: KeyValuePairs<String, LogValue> = [:]) { log(.warning, message, metadata) }
+    /// Writes a `error` line; see ``log(_:_:_:)``.
     public func error(_ message: String, _ metadata: KeyValuePairs<String, LogValue> = [:]) { log(.error, message, metadata) }
+    /// Writes a `critical` line; see ``log(_:_:_:)``.
     public func critical(_ message: String, _ metadata: KeyValuePairs<String, LogValue> = [:]) { log(.critical, message, metadata) }
 
     /// RFC 3339 UTC with milliseconds, e.g. `2026-11-29T12:00:58.123Z`.

@@ -81,6 +81,7 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         p11_kit_uri_free(uri)
     }
 
+    /// The redacted URI (``redacted``), so printing a URI never shows a `pin-value`.
     public var description: String { redacted }
 
     /// The library to load: `module-path`, else `module-name` resolved by p11-kit.

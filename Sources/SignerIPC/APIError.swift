@@ -6,8 +6,11 @@ import HSMSigner
 public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
     /// Stable `snake_case` error codes, each with its HTTP status.
     public struct Code: RawRepresentable, Hashable, Sendable, CustomStringConvertible {
+        /// The code as it appears in the error body, e.g. `invalid_field`.
         public var rawValue: String
+        /// Makes a code from its spelling.
         public init(rawValue: String) { self.rawValue = rawValue }
+        /// The raw value.
         public var description: String { rawValue }
 
         /// 400: the body is not one JSON object.
@@ -78,6 +81,8 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
     /// The HTTP status.
     public var status: Int { code.status }
 
+    /// The code, the field in parentheses when there is one, and the message,
+    /// e.g. `invalid_field (timestamp): …`; for logs.
     public var description: String {
         "\(code)\(field.map { " (\($0))" } ?? ""): \(message)"
     }

@@ -10,6 +10,7 @@ public struct UsageError: Error, Sendable, Equatable, CustomStringConvertible {
         self.message = message
         self.hint = hint
     }
+    /// The message alone; `signctl` prints ``hint`` on its own line.
     public var description: String { message }
 }
 

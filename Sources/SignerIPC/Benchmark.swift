@@ -52,6 +52,19 @@ final class BenchmarkTally: @unchecked Sendable {
     var latencies: [UInt64] = []
     var errors: [String: Int] = [:]
     var count = 0
+
+    /// All threads' requests, successful latencies and errors together.
+    static func merge(_ tallies: [BenchmarkTally]) -> (count: Int, latencies: [UInt64], errors: [String: Int]) {
+        var errors: [String: Int] = [:]
+        var latencies: [UInt64] = []
+        var count = 0
+        for tally in tallies {
+            latencies.append(contentsOf: tally.latencies)
+            count += tally.count
+            for (code, n) in tally.errors { errors[code, default: 0] += n }
+        }
+        return (count, latencies, errors)
+    }
 }
 
 /// Shared stop condition for the worker threads.
@@ -132,12 +145,20 @@ public struct LoadGenerator: Sendable {
         case healthz
     }
 
+    /// The daemon's Unix socket path (the configuration's `socket_path`).
     public var socketPath: String
+    /// The endpoint every request goes to (`signctl bench --endpoint`).
     public var endpoint: Endpoint
+    /// Keep-alive connections, each on its own thread with one request in flight.
     public var concurrency: Int
+    /// How long the run lasts: seconds, or requests in total over all connections.
     public var length: BenchmarkLength
+    /// Whether each signature is verified with the key's public key from
+    /// `GET /v1/keys`; a key without one makes ``run()`` throw.
     public var verify: Bool
+    /// The bundle ID to sign for; nil takes the key's first `bundle_ids` entry.
     public var bundleID: String?
+    /// The key to use; nil takes the first key `GET /v1/keys` lists.
     public var keyID: String?
 
     /// Makes a generator.
@@ -161,8 +182,12 @@ public struct LoadGenerator: Sendable {
             throw BenchmarkError("no configured key\(keyID.map { " \($0)" } ?? "") is listed by /v1/keys")
         }
         let bundle = bundleID ?? key.bundleIDs[0]
-        let publicKey = try key.publicKeyPEM.map { try ECPublicKey(pem: $0) }
-        if verify && publicKey == nil {
+        // Every key's public key: the daemon may choose another key than the first (offers names none).
+        var publicKeys: [String: ECPublicKey] = [:]
+        for listed in keys {
+            if let pem = listed.publicKeyPEM { publicKeys[listed.keyID] = try ECPublicKey(pem: pem) }
+        }
+        if verify && publicKeys[key.keyID] == nil {
             throw BenchmarkError("key \(key.keyID) has no public key on the token; cannot --verify")
         }
         let daemonPID = probe.peer?.pid
@@ -178,24 +203,17 @@ public struct LoadGenerator: Sendable {
         for tally in tallies {
             group.enter()
             let generator = self
-            let verifyKey = verify ? publicKey : nil
+            let verifyKeys = verify ? publicKeys : nil
             OSThread.start {
                 defer { group.leave() }
-                generator.loop(path: path, body: requestBody, keyID: key.keyID, bundleID: bundle, publicKey: verifyKey, clock: clock, tally: tally)
+                generator.loop(path: path, body: requestBody, bundleID: bundle, publicKeys: verifyKeys, clock: clock, tally: tally)
             }
         }
         group.wait()
         let elapsed = Double(MonotonicClock.now() - started) / 1e9
         // Let the daemon settle (closed connections reaped) before reading its RSS and descriptors.
         usleep(300_000)
-        var errors: [String: Int] = [:]
-        var latencies: [UInt64] = []
-        var count = 0
-        for tally in tallies {
-            latencies.append(contentsOf: tally.latencies)
-            count += tally.count
-            for (code, n) in tally.errors { errors[code, default: 0] += n }
-        }
+        let (count, latencies, errors) = BenchmarkTally.merge(tallies)
         var rss: [String: Int]?
         var fds: [String: Int]?
         if let daemonPID {
@@ -230,7 +248,7 @@ public struct LoadGenerator: Sendable {
         }
     }
 
-    private func loop(path: String, body: [UInt8]?, keyID: String, bundleID: String, publicKey: ECPublicKey?, clock: BenchmarkClock, tally: BenchmarkTally) {
+    private func loop(path: String, body: [UInt8]?, bundleID: String, publicKeys: [String: ECPublicKey]?, clock: BenchmarkClock, tally: BenchmarkTally) {
         let client = SignerClient(socketPath: socketPath, timeout: 30)
         defer { client.close() }
         tally.latencies.reserveCapacity(clock.limitedByCount ? 1 << 16 : 1 << 18)
@@ -248,7 +266,7 @@ public struct LoadGenerator: Sendable {
             }
             let elapsed = MonotonicClock.now() - start
             tally.count += 1
-            if let problem = check(response, keyID: keyID, bundleID: bundleID, publicKey: publicKey) {
+            if let problem = check(response, bundleID: bundleID, publicKeys: publicKeys) {
                 tally.errors[problem, default: 0] += 1
             } else {
                 tally.latencies.append(elapsed)
@@ -257,7 +275,7 @@ public struct LoadGenerator: Sendable {
     }
 
     /// nil when the response is a 200 with a well-formed (and, with a key, valid) signature.
-    func check(_ response: ClientResponse, keyID: String, bundleID: String, publicKey: ECPublicKey?) -> String? {
+    func check(_ response: ClientResponse, bundleID: String, publicKeys: [String: ECPublicKey]?) -> String? {
         guard response.status == 200 else {
             return response.error?.code ?? "http_\(response.status)"
         }
@@ -269,8 +287,9 @@ public struct LoadGenerator: Sendable {
                   let der = Data(base64Encoded: text), (try? ECDSASignature.raw(fromDER: Array(der), curve: .p256)) != nil else {
                 return "malformed_signature"
             }
-            guard let publicKey else { return nil }
-            guard let nonce = Self.stringMember("nonce", in: response.body), let timestamp = Self.integerMember("timestamp", in: response.body),
+            guard let publicKeys else { return nil }
+            guard let keyID = Self.stringMember("key_id", in: response.body), let publicKey = publicKeys[keyID],
+                  let nonce = Self.stringMember("nonce", in: response.body), let timestamp = Self.integerMember("timestamp", in: response.body),
                   let payload = try? PromotionalOfferPayload(bundleID: bundleID, keyID: keyID, productID: "bench_product", offerID: "bench_offer",
                                                              appAccountToken: "", nonce: nonce, timestamp: timestamp) else {
                 return "malformed_response"
@@ -281,7 +300,8 @@ public struct LoadGenerator: Sendable {
                   let decoded = try? CompactJWS.decode(token) else {
                 return "malformed_signature"
             }
-            guard let publicKey else { return nil }
+            guard let publicKeys else { return nil }
+            guard let publicKey = decoded.keyID.flatMap({ publicKeys[$0] }) else { return "malformed_response" }
             return publicKey.verify(rawSignature: decoded.signature, digest: SHA256.hash(Array(decoded.signingInput.utf8))) ? nil : "invalid_signature"
         }
     }
@@ -315,7 +335,10 @@ public struct LoadGenerator: Sendable {
 
 /// A benchmark that cannot run.
 public struct BenchmarkError: Error, CustomStringConvertible {
+    /// Why the run cannot start, for `signctl`'s error line.
     public var description: String
+    /// Makes an error.
+    /// - Parameter description: a sentence saying why the run cannot start.
     public init(_ description: String) { self.description = description }
 }
 
@@ -323,10 +346,16 @@ public struct BenchmarkError: Error, CustomStringConvertible {
 /// PKCS#11 module in-process, `concurrency` threads with one session each
 /// (the token's pool is sized to the thread count), no socket.
 public struct DirectBenchmark: Sendable {
+    /// The open token to sign on; its pool should hold at least ``concurrency`` sessions.
     public var token: HSMToken
+    /// The key to sign with (its `CKA_ID`).
     public var keyID: String
+    /// Signing threads, each running `C_SignInit`/`C_Sign` on a pooled session.
     public var concurrency: Int
+    /// How long the run lasts: seconds, or signatures in total over all threads.
     public var length: BenchmarkLength
+    /// Whether each signature is verified with the key's public key; one that
+    /// fails counts as an `invalid_signature` error.
     public var verify: Bool
 
     /// Makes a baseline run; `token` should have a pool of at least `concurrency` sessions.
@@ -379,14 +408,7 @@ public struct DirectBenchmark: Sendable {
         }
         group.wait()
         let elapsed = Double(MonotonicClock.now() - started) / 1e9
-        var errors: [String: Int] = [:]
-        var latencies: [UInt64] = []
-        var count = 0
-        for tally in tallies {
-            latencies.append(contentsOf: tally.latencies)
-            count += tally.count
-            for (code, n) in tally.errors { errors[code, default: 0] += n }
-        }
+        let (count, latencies, errors) = BenchmarkTally.merge(tallies)
         return BenchmarkReport(mode: "direct", endpoint: "sign", concurrency: concurrency, requests: count, durationSeconds: elapsed,
                                throughput: Double(latencies.count) / elapsed, latencyMs: LatencyStatistics.summarize(latencies),
                                errors: errors, verified: verify, rssKiB: nil, openFDs: nil)

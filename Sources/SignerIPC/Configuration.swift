@@ -7,6 +7,7 @@ public struct ConfigurationError: Error, Sendable, CustomStringConvertible {
     public var message: String
     /// Makes an error.
     public init(_ message: String) { self.message = message }
+    /// The message, naming the config key.
     public var description: String { message }
 }
 

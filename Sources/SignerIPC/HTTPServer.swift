@@ -68,15 +68,18 @@ public protocol HTTPHandler: Sendable {
     /// response returned here is sent at once and the body is not read
     /// (403 for a peer not allowed, 404, 405, 413 by `Content-Length`, 415).
     func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse?
-    /// Handles a complete request. Runs on one of the server's threads; may block (PKCS#11).
+    /// Handles a complete request: on a worker thread when ``needsWorker(path:)``
+    /// says so (it may then block in PKCS#11, bounded by the request timeout),
+    /// else on the HTTP thread (it must not block).
     func handle(_ request: HTTPRequest) -> HTTPResponse
     /// The response for a body over the limit.
     func payloadTooLarge(path: String, limit: Int) -> HTTPResponse
     /// Whether the request may block (PKCS#11) and so runs on a worker
     /// thread under the request timeout; false runs it on the HTTP thread.
     func needsWorker(path: String) -> Bool
-    /// The answer for a request that waited or ran longer than the timeout.
-    func timedOut(_ request: HTTPRequest) -> HTTPResponse
+    /// The answer for a request that waited (`running` false) or ran
+    /// (`running` true) longer than the timeout.
+    func timedOut(_ request: HTTPRequest, running: Bool) -> HTTPResponse
     /// The answer when the worker queue is full.
     func overloaded(_ request: HTTPRequest) -> HTTPResponse
     /// Called by the request watchdog a few times a second (the application
@@ -86,8 +89,9 @@ public protocol HTTPHandler: Sendable {
 
 /// Limits and threads of the server.
 public struct HTTPServerOptions: Sendable {
-    /// libmicrohttpd worker threads (each runs its own epoll loop and handles requests).
-    public var threads = 4
+    /// libmicrohttpd threads (each runs its own epoll loop; they parse and
+    /// write HTTP and never wait for the HSM). Default 2.
+    public var threads = 2
     /// Most connections at once.
     public var connectionLimit = 1024
     /// Idle keep-alive connections are closed after this many seconds.
@@ -204,7 +208,7 @@ public final class HTTPServer: @unchecked Sendable {
             workers: options.workers, maximumWorkers: 2 * options.workers + 2, maximumQueued: options.maximumQueued,
             timeout: options.workerTimeoutSeconds,
             handle: { job in handler.handle(job.request) },
-            timedOut: { job in handler.timedOut(job.request) },
+            timedOut: { job, running in handler.timedOut(job.request, running: running) },
             onTick: { handler.watchdogTick() })
         settings.listen_fd = listenDescriptor
         settings.thread_pool_size = UInt32(max(1, options.threads))

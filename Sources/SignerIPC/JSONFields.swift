@@ -19,6 +19,10 @@ public enum JSONValue: Sendable, Equatable, Codable {
         init?(intValue: Int) { nil }
     }
 
+    /// Decodes any JSON value, trying null, string, boolean, integer (`Int64`)
+    /// and number (`Double`), then object, then array.
+    /// - Parameter decoder: the decoder positioned at the value.
+    /// - Throws: `DecodingError` when the value is none of these.
     public init(from decoder: any Decoder) throws {
         // Scalars first, strings before anything else: request bodies are
         // mostly strings, and every failed attempt costs a thrown DecodingError.
@@ -60,6 +64,10 @@ public enum JSONValue: Sendable, Equatable, Codable {
         self = .array(values)
     }
 
+    /// Encodes the value as the JSON type it holds.
+    /// - Parameter encoder: the encoder to write to.
+    /// - Throws: what the encoder throws, e.g. `EncodingError.invalidValue` from
+    ///   `JSONEncoder` for a non-finite ``number(_:)``.
     public func encode(to encoder: any Encoder) throws {
         switch self {
         case .null:

@@ -44,6 +44,8 @@ public final class SignerService: HTTPHandler, Sendable {
     private let rateBuckets = Mutex<[UInt32: (tokens: Double, at: UInt64)]>([:])
     private let groupCache = Mutex<[UInt32: (groups: [UInt32], at: UInt64)]>([:])
     private let ownUID = getuid()
+    /// `sign_timeout_ms` at start, in seconds (the request deadline is fixed at start too).
+    private let signTimeoutSeconds: Double
 
     /// Makes the service.
     /// - Parameters:
@@ -53,6 +55,7 @@ public final class SignerService: HTTPHandler, Sendable {
     ///   - metrics: where counters go.
     public init(configuration: SignerConfiguration, token: HSMToken, logger: Logger, metrics: Metrics = Metrics()) {
         self.current = Mutex(configuration)
+        self.signTimeoutSeconds = Double(configuration.signTimeoutMs) / 1000
         self.token = token
         self.logger = logger
         self.metrics = metrics
@@ -100,6 +103,21 @@ public final class SignerService: HTTPHandler, Sendable {
 
     // MARK: HTTPHandler
 
+    /// Answers before the body is read, in this order: 403 `forbidden` for a
+    /// peer not allowed (so it learns nothing, not even which paths exist),
+    /// 404 `not_found` for an unknown path, 405 `method_not_allowed` with
+    /// `Allow`, 429 `rate_limited` over the per-uid token bucket
+    /// (`rate_limit_per_second`, `rate_limit_burst`), 503 `hsm_unavailable`
+    /// with `Retry-After: 1` for a POST while the token is down, and 415
+    /// `unsupported_media_type` for a POST that is not `application/json`.
+    /// - Parameters:
+    ///   - method: the request method.
+    ///   - path: the request path.
+    ///   - contentType: the `Content-Type` header, if any.
+    ///   - contentLength: the `Content-Length` header; unused here (the server
+    ///     checks it against the body limit).
+    ///   - peer: the caller's `SO_PEERCRED` credentials.
+    /// - Returns: the error response, or nil to read the body and go on.
     public func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? {
         let route = Route(rawValue: path)
         let endpoint = route?.rawValue ?? "other"
@@ -135,17 +153,38 @@ public final class SignerService: HTTPHandler, Sendable {
         return nil
     }
 
+    /// True for every route but `/healthz` and `/metrics`, which are answered
+    /// on the HTTP thread; false for an unknown path (a 404).
+    /// - Parameter path: the request path.
+    /// - Returns: whether the request runs on a worker thread.
     public func needsWorker(path: String) -> Bool {
         Route(rawValue: path).map { $0 != .healthz && $0 != .metrics } ?? false
     }
 
-    public func timedOut(_ request: HTTPRequest) -> HTTPResponse {
-        var error = APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; the call was written off and its session quarantined")
+    /// 503 `hsm_unavailable` with `Retry-After: 1` for a request not answered
+    /// within `sign_timeout_ms`; counted as the HSM error `sign_timeout`
+    /// (it was being signed) or `queue_timeout` (it never reached a worker).
+    /// - Parameters:
+    ///   - request: the request that timed out.
+    ///   - running: whether a worker was running it.
+    /// - Returns: the error response.
+    public func timedOut(_ request: HTTPRequest, running: Bool) -> HTTPResponse {
+        var error = running
+            ? APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; a call hung in the module is written off and its session quarantined")
+            : APIError(.hsmUnavailable, "the request waited longer than sign_timeout_ms for a free worker")
         error.retryAfter = 1
-        metrics.countHSMError("sign_timeout")
+        metrics.countHSMError(running ? "sign_timeout" : "queue_timeout")
+        if running {
+            // Stuck in some call (C_Sign is written off by watchdogTick; C_FindObjects,
+            // C_Login or C_OpenSession are not): fail fast while recovery checks the token.
+            token.markDown(reason: "call_timeout", reinitialize: false)
+        }
         return respond(.failure(error), endpoint: Route(rawValue: request.path)?.rawValue ?? "other")
     }
 
+    /// 503 `hsm_unavailable` with `Retry-After: 1` when the worker queue is full.
+    /// - Parameter request: the request that was turned away.
+    /// - Returns: the error response.
     public func overloaded(_ request: HTTPRequest) -> HTTPResponse {
         var error = APIError(.hsmUnavailable, "too many requests are waiting for the HSM; retry shortly")
         error.retryAfter = 1
@@ -156,7 +195,7 @@ public final class SignerService: HTTPHandler, Sendable {
     /// than `sign_timeout_ms`: their sessions are quarantined and the token
     /// is marked down until recovery has checked it.
     public func watchdogTick() {
-        token.abandonCalls(olderThan: Double(configuration.signTimeoutMs) / 1000)
+        token.abandonCalls(olderThan: signTimeoutSeconds)
     }
 
     /// `application/json`, any case, optionally followed by parameters (`; charset=utf-8`).
@@ -170,10 +209,21 @@ public final class SignerService: HTTPHandler, Sendable {
         return after == UInt8(ascii: ";") || after == 0x20 || after == 0x09
     }
 
+    /// 413 `payload_too_large` naming the limit.
+    /// - Parameters:
+    ///   - path: the request path (the metrics label).
+    ///   - limit: the largest body accepted, in bytes.
+    /// - Returns: the error response.
     public func payloadTooLarge(path: String, limit: Int) -> HTTPResponse {
         respond(.failure(APIError(.payloadTooLarge, "the request body is over \(limit) bytes")), endpoint: Route(rawValue: path)?.rawValue ?? "other")
     }
 
+    /// Answers a complete request: `/healthz` (`{"status":"ok"}`), `/readyz`
+    /// (200, or 503 with `Retry-After: 5`), `/metrics` (Prometheus text format
+    /// 0.0.4), `/v1/keys`, and the signing endpoints; a failure becomes the
+    /// contract's JSON error body. Every response is counted by endpoint and status.
+    /// - Parameter request: the request, body read in full.
+    /// - Returns: the response.
     public func handle(_ request: HTTPRequest) -> HTTPResponse {
         guard let route = Route(rawValue: request.path) else {
             return respond(.failure(APIError(.notFound, "no endpoint at \(request.path)")), endpoint: "other")
@@ -189,7 +239,8 @@ public final class SignerService: HTTPHandler, Sendable {
             if !ready { response.headers.append(("Retry-After", "5")) }
             result = .success(response)
         case .metrics:
-            let keys = config.keys.filter { (try? token.publicKey(keyID: $0.keyID)) != nil }.count
+            // Only what is cached: /metrics runs on an HTTP thread and must never wait for the token.
+            let keys = config.keys.filter { token.cachedPublicKey(keyID: $0.keyID) != nil }.count
             result = .success(HTTPResponse(status: 200, contentType: "text/plain; version=0.0.4; charset=utf-8",
                                            body: Array(metrics.render(token: token, keys: keys).utf8)))
         case .keys:

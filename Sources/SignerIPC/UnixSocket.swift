@@ -17,6 +17,7 @@ public struct SocketError: Error, Sendable, CustomStringConvertible {
         self.message = code.map { "\(message): \(String(cString: strerror($0)))" } ?? message
     }
 
+    /// The message, with the path and the `strerror` text.
     public var description: String { message }
 }
 
@@ -37,6 +38,7 @@ public struct PeerCredentials: Sendable, Equatable, CustomStringConvertible {
         self.pid = pid
     }
 
+    /// `uid=… gid=… pid=…`, for logs.
     public var description: String { "uid=\(uid) gid=\(gid) pid=\(pid)" }
 }
 

@@ -152,9 +152,14 @@ public struct OffersRequest: Codable, Sendable, Equatable {
 public struct OffersResponse: Codable, Sendable, Equatable {
     /// The signed values of one offer.
     public struct SignatureData: Codable, Sendable, Equatable {
+        /// The nonce signed, a lowercase UUID (`nonce`).
         public var nonce: String
+        /// Standard padded Base64 of the DER ECDSA signature (`signature`), as in
+        /// ``PromotionalOfferResponse/signature``.
         public var signature: String
+        /// The timestamp signed, UNIX time in milliseconds (`timestamp`).
         public var timestamp: Int64
+        /// Makes the signed values.
         public init(nonce: String, signature: String, timestamp: Int64) {
             self.nonce = nonce
             self.signature = signature
@@ -165,8 +170,11 @@ public struct OffersResponse: Codable, Sendable, Equatable {
     /// Why one offer was not signed (RevenueCat backend error codes: 7234 =
     /// no usable In-App Purchase key for the bundle).
     public struct SignatureError: Codable, Sendable, Equatable {
+        /// The RevenueCat backend error code (`code`), e.g. ``OffersResponse/noKeyCode``.
         public var code: Int
+        /// A sentence for people (`message`).
         public var message: String
+        /// Makes an offer error.
         public init(code: Int, message: String) {
             self.code = code
             self.message = message
@@ -175,10 +183,15 @@ public struct OffersResponse: Codable, Sendable, Equatable {
 
     /// One offer's outcome: `signature_data` or `signature_error`.
     public struct Offer: Codable, Sendable, Equatable {
+        /// The key that signed (`key_id`); absent when the offer was not signed.
         public var keyID: String?
+        /// The promotional offer identifier, as requested (`offer_id`).
         public var offerID: String
+        /// The product identifier, as requested (`product_id`).
         public var productID: String
+        /// The signed values (`signature_data`); absent when the offer failed.
         public var signatureData: SignatureData?
+        /// Why the offer was not signed (`signature_error`); absent when it was.
         public var signatureError: SignatureError?
 
         enum CodingKeys: String, CodingKey {
@@ -186,6 +199,7 @@ public struct OffersResponse: Codable, Sendable, Equatable {
             case signatureData = "signature_data", signatureError = "signature_error"
         }
 
+        /// Makes an outcome; give one of `signatureData` and `signatureError`.
         public init(keyID: String?, offerID: String, productID: String, signatureData: SignatureData?, signatureError: SignatureError?) {
             self.keyID = keyID
             self.offerID = offerID
@@ -201,6 +215,7 @@ public struct OffersResponse: Codable, Sendable, Equatable {
     /// The error code for "no In-App Purchase key for this app".
     public static let noKeyCode = 7234
 
+    /// Makes a response.
     public init(offers: [Offer]) {
         self.offers = offers
     }
@@ -210,12 +225,18 @@ public struct OffersResponse: Codable, Sendable, Equatable {
 public struct KeysResponse: Codable, Sendable, Equatable {
     /// One configured key.
     public struct Key: Codable, Sendable, Equatable {
+        /// The 10-character key ID (`key_id`).
         public var keyID: String
+        /// The issuer ID the JWS kinds use (`issuer_id`): the key's own, else the
+        /// top-level one; absent when neither is configured.
         public var issuerID: String?
+        /// The bundle IDs the key may sign for (`bundle_ids`).
         public var bundleIDs: [String]
+        /// The key's curve (`curve`): always `P-256`.
         public var curve: String
         /// PEM SubjectPublicKeyInfo; absent when the key is not on the token.
         public var publicKeyPEM: String?
+        /// The label of the token the key is on (`token_label`).
         public var tokenLabel: String
 
         enum CodingKeys: String, CodingKey {
@@ -223,6 +244,7 @@ public struct KeysResponse: Codable, Sendable, Equatable {
             case publicKeyPEM = "public_key_pem", tokenLabel = "token_label"
         }
 
+        /// Makes a key entry.
         public init(keyID: String, issuerID: String?, bundleIDs: [String], curve: String, publicKeyPEM: String?, tokenLabel: String) {
             self.keyID = keyID
             self.issuerID = issuerID
@@ -233,8 +255,10 @@ public struct KeysResponse: Codable, Sendable, Equatable {
         }
     }
 
+    /// The configured keys, in configuration order (`keys`).
     public var keys: [Key]
 
+    /// Makes a response.
     public init(keys: [Key]) {
         self.keys = keys
     }
@@ -244,6 +268,7 @@ public struct KeysResponse: Codable, Sendable, Equatable {
 public struct ReadinessResponse: Codable, Sendable, Equatable {
     /// One key's self-test result.
     public struct Key: Codable, Sendable, Equatable {
+        /// The key checked (`key_id`).
         public var keyID: String
         /// Whether the key just signed a test digest that verified.
         public var ok: Bool
@@ -256,6 +281,7 @@ public struct ReadinessResponse: Codable, Sendable, Equatable {
             case keyID = "key_id", ok, lastCheckMs = "last_check_ms", error
         }
 
+        /// Makes a key result.
         public init(keyID: String, ok: Bool, lastCheckMs: Int64, error: String? = nil) {
             self.keyID = keyID
             self.ok = ok
@@ -266,8 +292,11 @@ public struct ReadinessResponse: Codable, Sendable, Equatable {
 
     /// The error object, present when not ready (the contract's error shape).
     public struct ErrorBody: Codable, Sendable, Equatable {
+        /// The error code (`code`): `hsm_unavailable`.
         public var code: String
+        /// What is not ready (`message`): the same text as ``ReadinessResponse/reason``.
         public var message: String
+        /// Makes an error object.
         public init(code: String, message: String) {
             self.code = code
             self.message = message
@@ -278,9 +307,12 @@ public struct ReadinessResponse: Codable, Sendable, Equatable {
     public var status: String
     /// The failing part when not ready (token missing, not logged in, key missing, signature did not verify).
     public var reason: String?
+    /// Each configured key's result, in configuration order (`keys`).
     public var keys: [Key]
+    /// The contract's error object (`error`), present when not ready.
     public var error: ErrorBody?
 
+    /// Makes a response.
     public init(status: String, reason: String? = nil, keys: [Key], error: ErrorBody? = nil) {
         self.status = status
         self.reason = reason
@@ -291,12 +323,17 @@ public struct ReadinessResponse: Codable, Sendable, Equatable {
 
 /// The error body of every failed request.
 public struct ErrorResponse: Codable, Sendable, Equatable {
+    /// The `error` object.
     public struct Body: Codable, Sendable, Equatable {
+        /// The stable error code (`code`), one of ``APIError/Code``.
         public var code: String
+        /// A sentence naming the field and what was expected (`message`).
         public var message: String
+        /// The field at fault (`field`); absent when no single field is.
         public var field: String?
     }
 
+    /// The error object (`error`).
     public var error: Body
 }
 
@@ -413,9 +450,13 @@ enum WireJSON {
 
 /// `POST /v1/sign/promotional-offer-v2` request (StoreKit 2 `Product.PurchaseOption.promotionalOffer(_:compactJWS:)`).
 public struct PromotionalOfferV2Request: Codable, Sendable, Equatable {
+    /// The app's bundle ID (`bundle_id`, required): the `bid` claim.
     public var bundleID: String
+    /// The key ID (`key_id`); optional when exactly one key (or the default key) serves the bundle.
     public var keyID: String?
+    /// The subscription's product identifier (`product_id`, required): the `productId` claim.
     public var productID: String
+    /// The promotional offer identifier (`offer_id`, required): the `offerIdentifier` claim.
     public var offerID: String
     /// Optional: the customer's original or current transaction ID, digits.
     public var transactionID: String?
@@ -424,6 +465,7 @@ public struct PromotionalOfferV2Request: Codable, Sendable, Equatable {
         case bundleID = "bundle_id", keyID = "key_id", productID = "product_id", offerID = "offer_id", transactionID = "transaction_id"
     }
 
+    /// Makes a request.
     public init(bundleID: String, keyID: String? = nil, productID: String, offerID: String, transactionID: String? = nil) {
         self.bundleID = bundleID
         self.keyID = keyID
@@ -447,8 +489,11 @@ public struct PromotionalOfferV2Request: Codable, Sendable, Equatable {
 
 /// `POST /v1/sign/introductory-offer-eligibility` request.
 public struct IntroductoryOfferEligibilityRequest: Codable, Sendable, Equatable {
+    /// The app's bundle ID (`bundle_id`, required): the `bid` claim.
     public var bundleID: String
+    /// The key ID (`key_id`); optional when exactly one key (or the default key) serves the bundle.
     public var keyID: String?
+    /// The subscription's product identifier (`product_id`, required): the `productId` claim.
     public var productID: String
     /// Whether the customer may get the introductory offer (a JSON boolean).
     public var allowIntroductoryOffer: Bool
@@ -460,6 +505,7 @@ public struct IntroductoryOfferEligibilityRequest: Codable, Sendable, Equatable 
         case allowIntroductoryOffer = "allow_introductory_offer", transactionID = "transaction_id"
     }
 
+    /// Makes a request.
     public init(bundleID: String, keyID: String? = nil, productID: String, allowIntroductoryOffer: Bool, transactionID: String) {
         self.bundleID = bundleID
         self.keyID = keyID
@@ -483,7 +529,9 @@ public struct IntroductoryOfferEligibilityRequest: Codable, Sendable, Equatable 
 
 /// `POST /v1/sign/advanced-commerce-request` request.
 public struct AdvancedCommerceSigningRequest: Codable, Sendable, Equatable {
+    /// The app's bundle ID (`bundle_id`, required): the `bid` claim.
     public var bundleID: String
+    /// The key ID (`key_id`); optional when exactly one key (or the default key) serves the bundle.
     public var keyID: String?
     /// The Advanced Commerce request object; signed as standard Base64 of its compact UTF-8 JSON.
     public var request: [String: JSONValue]
@@ -492,6 +540,7 @@ public struct AdvancedCommerceSigningRequest: Codable, Sendable, Equatable {
         case bundleID = "bundle_id", keyID = "key_id", request
     }
 
+    /// Makes a request.
     public init(bundleID: String, keyID: String? = nil, request: [String: JSONValue]) {
         self.bundleID = bundleID
         self.keyID = keyID
@@ -511,7 +560,9 @@ public struct AdvancedCommerceSigningRequest: Codable, Sendable, Equatable {
 
 /// `POST /v1/tokens/app-store-server-api` request.
 public struct ServerAPITokenRequest: Codable, Sendable, Equatable {
+    /// The app's bundle ID (`bundle_id`, required): the `bid` claim.
     public var bundleID: String
+    /// The key ID (`key_id`); optional when exactly one key (or the default key) serves the bundle.
     public var keyID: String?
     /// Token life in seconds, 1–3600. Default 300.
     public var ttlSeconds: Int?
@@ -520,6 +571,7 @@ public struct ServerAPITokenRequest: Codable, Sendable, Equatable {
         case bundleID = "bundle_id", keyID = "key_id", ttlSeconds = "ttl_seconds"
     }
 
+    /// Makes a request.
     public init(bundleID: String, keyID: String? = nil, ttlSeconds: Int? = nil) {
         self.bundleID = bundleID
         self.keyID = keyID
@@ -557,6 +609,7 @@ public struct JWSResponse: Codable, Sendable, Equatable {
         case jws, keyID = "key_id", nonce
     }
 
+    /// Makes a response.
     public init(jws: String, keyID: String, nonce: String) {
         self.jws = jws
         self.keyID = keyID
@@ -568,6 +621,7 @@ public struct JWSResponse: Codable, Sendable, Equatable {
 public struct ServerAPITokenResponse: Codable, Sendable, Equatable {
     /// The bearer token (compact JWS) for `Authorization: Bearer …`.
     public var token: String
+    /// The key that signed (`key_id`): the header's `kid`.
     public var keyID: String
     /// `iat`, UNIX seconds.
     public var issuedAt: Int64
@@ -578,6 +632,7 @@ public struct ServerAPITokenResponse: Codable, Sendable, Equatable {
         case token, keyID = "key_id", issuedAt = "issued_at", expiresAt = "expires_at"
     }
 
+    /// Makes a response.
     public init(token: String, keyID: String, issuedAt: Int64, expiresAt: Int64) {
         self.token = token
         self.keyID = keyID

@@ -35,11 +35,19 @@ final class Job: Sendable {
     /// Delivers `response` unless the job was already completed; returns whether it was delivered.
     @discardableResult
     func complete(_ response: HTTPResponse) -> Bool {
+        complete { response }
+    }
+
+    /// Completes the job with the response `make` builds — called only if
+    /// this call completes the job, so its side effects (metrics, marking
+    /// the token down) happen once.
+    @discardableResult
+    func complete(_ make: () -> HTTPResponse) -> Bool {
         while true {
             let current = phase.load(ordering: .acquiring)
             guard current != Phase.completed.rawValue else { return false }
             if phase.compareExchange(expected: current, desired: Phase.completed.rawValue, ordering: .acquiringAndReleasing).exchanged {
-                deliver(response)
+                deliver(make())
                 return true
             }
         }
@@ -74,7 +82,7 @@ final class WorkQueue: @unchecked Sendable {
     let maximumQueued: Int
     let timeout: Double
     private let handle: @Sendable (Job) -> HTTPResponse
-    private let timedOut: @Sendable (Job) -> HTTPResponse
+    private let timedOut: @Sendable (Job, Bool) -> HTTPResponse
     private let onTick: @Sendable () -> Void
 
     /// - Parameters:
@@ -83,11 +91,11 @@ final class WorkQueue: @unchecked Sendable {
     ///   - maximumQueued: requests waiting beyond this are refused at once.
     ///   - timeout: seconds from a request's arrival to its answer.
     ///   - handle: runs a job (on a worker).
-    ///   - timedOut: the response for a job over the timeout.
+    ///   - timedOut: the response for a job over the timeout (second argument: whether a worker was running it).
     ///   - onTick: called on every watchdog tick (the application writes off hung calls there).
     init(workers: Int, maximumWorkers: Int, maximumQueued: Int, timeout: Double,
          handle: @escaping @Sendable (Job) -> HTTPResponse,
-         timedOut: @escaping @Sendable (Job) -> HTTPResponse,
+         timedOut: @escaping @Sendable (Job, Bool) -> HTTPResponse,
          onTick: @escaping @Sendable () -> Void) {
         self.targetWorkers = max(1, workers)
         self.maximumWorkers = max(self.targetWorkers, maximumWorkers)
@@ -176,12 +184,12 @@ final class WorkQueue: @unchecked Sendable {
             let stale: [Job] = lock.withLock {
                 pending[pendingHead...].filter { now > $0.received + limit && !$0.isCompleted }
             }
-            for job in stale { job.complete(timedOut(job)) }
+            for job in stale { job.complete { timedOut(job, false) } }
             // Running too long: answer, write the call off, keep capacity.
             // Marked under the lock, so the worker's return and this count agree.
             let answered: Int = lock.withLock {
                 var count = 0
-                for job in running.values where now > job.received + limit && job.complete(timedOut(job)) {
+                for job in running.values where now > job.received + limit && job.complete({ timedOut(job, true) }) {
                     job.abandonedWhileRunning.store(true, ordering: .relaxed)
                     stuckWorkers += 1
                     count += 1

@@ -150,4 +150,31 @@ struct LifecycleTests {
         #expect(daemon.process?.processIdentifier == pid, "no restart")
         #expect(daemon.process?.isRunning == true)
     }
+
+    @Test("a key deleted by signctl while signerd runs: a brief 503 while the token is checked, then 404 for it; the other key keeps signing")
+    func keyDeletedUnderTheDaemon() throws {
+        let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "XYZ987WVUT"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let client = daemon.client()
+        let other = try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM
+        #expect(try signAndVerify(client, keyID: "XYZ987WVUT", publicKeyPEM: try #require(daemon.keys["XYZ987WVUT"]).publicKeyPEM))
+        _ = try daemon.signctl(["keys", "delete", "XYZ987WVUT", "--yes"])
+        var statuses: [Int] = []
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline {
+            let response = try client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "key_id": "XYZ987WVUT", "product_id": "p", "offer_id": "o"]))
+            statuses.append(response.status)
+            if response.status == 404 { break }
+            usleep(100_000)
+        }
+        #expect(statuses.last == 404, "\(statuses)")
+        #expect(Set(statuses).isSubset(of: [503, 404]), "\(statuses)")
+        #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: other))
+        // It stays a 404, not another outage.
+        let again = try client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "key_id": "XYZ987WVUT", "product_id": "p", "offer_id": "o"]))
+        #expect(again.status == 404)
+        #expect(again.error?.code == "key_not_found")
+        #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: other))
+    }
 }

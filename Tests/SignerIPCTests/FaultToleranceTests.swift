@@ -156,7 +156,7 @@ struct FaultToleranceTests {
         #expect(outcome.invalid == 0)
         #expect(outcome.failed >= 1)
         #expect(Set(outcome.failureStatuses.keys) == [503])
-        #expect(outcome.secondsUntilFlowing < 6, "flowing again after \(outcome.secondsUntilFlowing) s")
+        #expect(outcome.secondsUntilFlowing < 6, "flowing again after \(outcome.secondsUntilFlowing) s; log: \(daemon.logLines.lines.suffix(8))")
         #expect(Double(MonotonicClock.now() - started) / 1e9 < 15, "nobody waited for the 30 s call")
         #expect(daemon.logged("sign_call_quarantined") == 1)
         #expect(daemon.token.callsInModule == 1, "the hung call is still inside the module, on a quarantined session")

@@ -1,0 +1,36 @@
+import Foundation
+import SignerIPC
+import TestSupport
+import Testing
+
+/// A few seconds of `signctl bench` against the real daemon and the direct
+/// baseline: it must run clean (zero errors, every signature verified). Speed
+/// is measured by scripts/bench.sh, never asserted here.
+@Suite("signctl bench smoke test", .serialized)
+struct BenchSmokeTests {
+    @Test("a short bench over the socket, every signing endpoint, --verify: zero errors",
+          arguments: ["promotional-offer", "offers", "promotional-offer-v2", "introductory-offer-eligibility", "advanced-commerce-request", "server-api-token"])
+    func socket(_ endpoint: String) throws {
+        let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "XYZ987WVUT"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let output = try daemon.signctl(["bench", "--endpoint", endpoint, "--concurrency", "4", "--duration", "1", "--verify", "--json"])
+        let report = try JSONDecoder().decode(BenchmarkReport.self, from: Data(output.utf8))
+        #expect(report.errorCount == 0, "\(report.errors)")
+        #expect(report.requests > 10)
+        #expect(report.verified)
+        #expect(report.latencyMs["p99"] != nil)
+        #expect((report.rssKiB?["after"] ?? 0) > 0, "the daemon's RSS was read from /proc")
+        #expect(report.openFDs?["after"] ?? 99 <= report.openFDs?["before"] ?? 0 + 4, "no descriptor left over")
+    }
+
+    @Test("the direct baseline runs clean")
+    func direct() throws {
+        let daemon = try DaemonHarness()
+        let output = try daemon.signctl(["bench", "--direct", "--concurrency", "2", "--requests", "300", "--verify", "--json"])
+        let report = try JSONDecoder().decode(BenchmarkReport.self, from: Data(output.utf8))
+        #expect(report.errorCount == 0, "\(report.errors)")
+        #expect(report.requests == 300)
+        #expect(report.mode == "direct")
+    }
+}
