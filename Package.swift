@@ -78,6 +78,7 @@ let package = Package(
         .testTarget(
             name: "EndToEndTests",
             dependencies: ["SignerIPC", "HSMSigner", "TestSupport"],
+            exclude: ["Scripts"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
     ]

@@ -15,12 +15,16 @@ for p in $packages; do
 done
 # A python3 outside Debian's (pyenv) counts as installed.
 if command -v python3 >/dev/null 2>&1; then missing=${missing/ python3 / }; missing=${missing% python3}; fi
-if [ -n "${missing// /}" ]; then
+if [ -z "${missing// /}" ]; then
+  echo "all Debian packages present: $packages" >&2
+else
   echo "installing:$missing" >&2
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get update
   $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $missing
 fi
-if ! python3 -c 'import jwt, cryptography' 2>/dev/null; then
+if python3 -c 'import jwt, cryptography' 2>/dev/null; then
+  echo "PyJWT and cryptography present" >&2
+else
   echo "installing PyJWT and cryptography from PyPI" >&2
   python3 -m pip install --quiet PyJWT cryptography 2>/dev/null \
     || python3 -m pip install --quiet --break-system-packages PyJWT cryptography

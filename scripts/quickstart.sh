@@ -53,8 +53,12 @@ if [ -n "$p8" ]; then
 else
   key_id=DEMO000001
   key_file=$demo/SubscriptionKey_$key_id.p8
-  step "4/8 Generating a DEMO key with openssl (NOT an App Store key; Apple will not accept its signatures)"
-  [ -s "$key_file" ] || (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$key_file")
+  if [ -s "$key_file" ]; then
+    step "4/8 Using the DEMO key generated on an earlier run ($key_file; NOT an App Store key)"
+  else
+    step "4/8 Generating a DEMO key with openssl (NOT an App Store key; Apple will not accept its signatures)"
+    (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$key_file")
+  fi
 fi
 echo "key ID: $key_id, bundle ID: $bundle_id"
 
@@ -108,12 +112,15 @@ printf '%s' "$signature" | base64 -d > "$demo/signature.der"
 echo "openssl dgst -sha256 -verify $demo/public_key.pem -signature $demo/signature.der $demo/payload.bin"
 openssl dgst -sha256 -verify "$demo/public_key.pem" -signature "$demo/signature.der" "$demo/payload.bin"
 
+echo
 if [ $keep_running = 1 ]; then
   trap - EXIT
-  echo
-  echo "signerd keeps running (pid $pid). Try: SOFTHSM2_CONF=$SOFTHSM2_CONF $bin/signctl --config $config health"
-  echo "Stop it with: kill $pid"
+  echo "signerd keeps running (pid $pid) on $socket. Stop it with: kill $pid"
 else
-  echo
   echo "Done: the token signed, signerd returned the DER signature in standard Base64, and openssl verified it."
 fi
+echo
+echo "To use signctl with this demo (the SoftHSM token lives in $demo/hsm, found through SOFTHSM2_CONF):"
+echo "  export SOFTHSM2_CONF=$SOFTHSM2_CONF PATH=$bin:\$PATH"
+echo "  signctl --config $config keys list"
+echo "  signctl --config $config health        # with the daemon running (--keep-running)"

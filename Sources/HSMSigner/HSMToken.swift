@@ -200,13 +200,13 @@ public final class HSMToken: @unchecked Sendable {
         for slot in slots {
             let (infoRV, info) = functions.tokenInfo(slot: slot)
             guard infoRV == .ok, let info else { continue }
-            seen.append(info.label)
+            seen.append(info.flags & P11.tokenInitialized == 0 ? "(an uninitialized token)" : "token=\(info.label)")
             if info.matches(uri) { matches.append((slot, info)) }
         }
         guard matches.count == 1 else {
             let wanted = [uri.tokenLabel.map { "token=\($0)" }, uri.tokenSerial.map { "serial=\($0)" }].compactMap { $0 }.joined(separator: " ")
             if matches.isEmpty {
-                var error = HSMError(.tokenNotFound, "no token matches \(wanted); tokens present: \(seen.isEmpty ? "none" : seen.joined(separator: ", "))")
+                var error = HSMError(.tokenNotFound, "no token matches \(wanted) in \(functions.module.path); tokens present: \(seen.isEmpty ? "none" : seen.joined(separator: ", "))")
                 error.tokenLabel = uri.tokenLabel
                 throw error
             }

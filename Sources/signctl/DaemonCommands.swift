@@ -254,7 +254,11 @@ func signJWSCommand(kind: String, _ words: [String], configPath: String) throws 
     let response = try call(client, "POST", path.rawValue, body: body)
     guard response.status == 200 else { throw failure(from: response) }
     if arguments.flag("json") {
-        print(String(decoding: response.body, as: UTF8.self))
+        if let token = try? response.decode(ServerAPITokenResponse.self) {
+            printJSON(token)
+        } else if let jws = try? response.decode(JWSResponse.self) {
+            printJSON(jws)
+        }
     } else if let token = try? response.decode(ServerAPITokenResponse.self) {
         print(token.token)
     } else if let jws = try? response.decode(JWSResponse.self) {

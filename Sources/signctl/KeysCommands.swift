@@ -16,7 +16,7 @@ func hint(for error: HSMError) -> String? {
     switch error.code {
     case .keyExists: "pass --replace to replace the key on the token"
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
-    case .tokenNotFound: "check token= in token_uri; list tokens with: p11-kit list-modules (or softhsm2-util --show-slots)"
+    case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made"
     case .pinSourceInsecure: "chmod 0600 the PIN file"
     default: nil
     }

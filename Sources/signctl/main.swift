@@ -108,6 +108,18 @@ func runCommand(_ words: [String]) throws -> ExitCode {
     }
     let verb = rest.count > 1 ? rest[1] : ""
     let tail = Array(rest.dropFirst(2))
+    if ["token", "keys", "sign", "verify"].contains(noun), verb.isEmpty || verb == "-h" || verb == "--help" {
+        // `signctl keys --help`: the lines of the usage that belong to the noun.
+        let lines = usage.split(separator: "\n", omittingEmptySubsequences: false)
+        var section: [Substring] = []
+        var inside = false
+        for line in lines {
+            if line.hasPrefix("  \(noun) ") { inside = true } else if !line.hasPrefix("    ") && !line.hasPrefix("                         ") { inside = false }
+            if inside { section.append(line) }
+        }
+        print("usage:\n" + section.joined(separator: "\n") + "\n\nRun signctl \(noun) <command> --help for one command; signctl --help for everything.")
+        return verb.isEmpty ? .usage : .success
+    }
     switch (noun, verb) {
     case ("token", "init"): return try tokenInit(tail)
     case ("keys", "import"): return try keysImport(tail, configPath: configPath)

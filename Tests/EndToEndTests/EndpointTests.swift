@@ -130,7 +130,7 @@ struct EndpointTests {
         let json = try daemon.signctl(["sign", "promotional-offer", "--bundle-id", "com.example.app", "--key-id", "ABC123DEFG",
                                        "--product-id", "pro_monthly", "--offer-id", "o", "--json"])
         let viaCLI = try JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(json.utf8))
-        try first.publicKeyPEM.write(toFile: daemon.directory + "/pub.pem", atomically: true, encoding: .utf8)
+        try first.publicKeyPEM.write(toFile: daemon.directory + "/pub.pem", atomically: false, encoding: .utf8)
         let verifyArguments = ["verify", "promotional-offer", "--public-key", daemon.directory + "/pub.pem", "--bundle-id", "com.example.app",
                                "--key-id", "ABC123DEFG", "--product-id", "pro_monthly", "--offer-id", "o", "--nonce", viaCLI.nonce,
                                "--timestamp", String(viaCLI.timestamp)]

@@ -213,7 +213,7 @@ struct JWSTests {
 
     @Test("signctl sign and signctl verify jws round-trip every kind; a DER signature in a JWS is named")
     func signctlRoundTrip() throws {
-        try publicKeyPEM.write(toFile: daemon.directory + "/jws-pub.pem", atomically: true, encoding: .utf8)
+        try publicKeyPEM.write(toFile: daemon.directory + "/jws-pub.pem", atomically: false, encoding: .utf8)
         let commands: [[String]] = [
             ["sign", "promotional-offer-v2", "--bundle-id", "com.example.app", "--product-id", "p", "--offer-id", "o"],
             ["sign", "introductory-offer-eligibility", "--bundle-id", "com.example.app", "--product-id", "p", "--transaction-id", "9", "--allow-introductory-offer", "true"],

@@ -141,7 +141,7 @@ struct LifecycleTests {
 
         // Broken configurations are refused; the old one keeps serving both keys.
         for broken in ["{ not json", #"{"token_uri": "pkcs11:token=signer", "keyz": []}"#] {
-            try broken.write(toFile: daemon.configPath, atomically: true, encoding: .utf8)
+            try broken.write(toFile: daemon.configPath, atomically: false, encoding: .utf8)
             daemon.send(SIGHUP)
             usleep(300_000)
             #expect(try signAndVerify(client, keyID: "NEWKEY0001", publicKeyPEM: try #require(daemon.keys["NEWKEY0001"]).publicKeyPEM))

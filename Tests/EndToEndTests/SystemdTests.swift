@@ -54,7 +54,7 @@ struct SystemdTests {
         for unit in ["signerd.service", "signerd.socket"] {
             let text = try String(contentsOfFile: Binaries.root + "/contrib/systemd/" + unit, encoding: .utf8)
                 .replacingOccurrences(of: "/usr/local/bin/signerd", with: Binaries.signerd)
-            try text.write(toFile: directory + "/" + unit, atomically: true, encoding: .utf8)
+            try text.write(toFile: directory + "/" + unit, atomically: false, encoding: .utf8)
         }
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/systemd-analyze")

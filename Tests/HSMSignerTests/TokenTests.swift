@@ -104,9 +104,9 @@ struct TokenTests {
     func refuseGarbage() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-garbage")
         let garbage = directory + "/garbage.p8"
-        try "-----BEGIN PRIVATE KEY-----\nnot base64\n-----END PRIVATE KEY-----\n".write(toFile: garbage, atomically: true, encoding: .utf8)
+        try "-----BEGIN PRIVATE KEY-----\nnot base64\n-----END PRIVATE KEY-----\n".write(toFile: garbage, atomically: false, encoding: .utf8)
         let empty = directory + "/empty.p8"
-        try "".write(toFile: empty, atomically: true, encoding: .utf8)
+        try "".write(toFile: empty, atomically: false, encoding: .utf8)
         let encrypted = directory + "/enc.p8"
         try run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-aes256", "-pass", "pass:testonly", "-out", encrypted])
         for path in [garbage, empty, encrypted] {

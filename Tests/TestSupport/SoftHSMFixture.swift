@@ -19,7 +19,7 @@ public final class SoftHSMFixture: Sendable {
         let tokens = directory + "/tokens"
         try! FileManager.default.createDirectory(atPath: tokens, withIntermediateDirectories: true)  // fresh temp dir
         let conf = "directories.tokendir = \(tokens)\nobjectstore.backend = file\nlog.level = ERROR\nslots.removable = false\n"
-        try! conf.write(toFile: directory + "/softhsm2.conf", atomically: true, encoding: .utf8)  // fresh temp dir
+        try! conf.write(toFile: directory + "/softhsm2.conf", atomically: false, encoding: .utf8)  // fresh temp dir
         // Read by SoftHSM at C_Initialize; set before any module load in this process.
         setenv("SOFTHSM2_CONF", directory + "/softhsm2.conf", 1)
     }
@@ -61,13 +61,27 @@ public struct FixtureError: Error, CustomStringConvertible {
 }
 
 public enum TemporaryDirectory {
-    /// A fresh directory under $TMPDIR (or /tmp), mode 0700.
+    /// Every directory made, removed when the test process exits: they hold
+    /// throw-away keys, PINs and tokens.
+    private static let made = Mutex<[String]>([])
+    private static let cleanup: Void = {
+        atexit {
+            for path in TemporaryDirectory.made.withLock({ $0 }) {
+                try? FileManager.default.removeItem(atPath: path)
+            }
+        }
+    }()
+
+    /// A fresh directory under $TMPDIR (or /tmp), mode 0700, removed at exit.
     public static func make(prefix: String) -> String {
+        _ = cleanup
         let base = ProcessInfo.processInfo.environment["TMPDIR"] ?? "/tmp"
         var template = Array("\(base)/\(prefix)-XXXXXX".utf8CString)
         let created = template.withUnsafeMutableBufferPointer { mkdtemp($0.baseAddress!) }
         precondition(created != nil, "mkdtemp failed")
-        return String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        let path = String(decoding: template.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        made.withLock { $0.append(path) }
+        return path
     }
 }
 

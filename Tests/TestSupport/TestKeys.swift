@@ -20,6 +20,7 @@ public struct TestKeyFiles: Sendable {
     /// Makes a fresh P-256 key in all forms in a new directory.
     public static func make() throws -> TestKeyFiles {
         let directory = TemporaryDirectory.make(prefix: "signerd-keys")
+        umask(0o077)  // key files 0600, whoever writes them (openssl or this file)
         let sec1 = directory + "/sec1.pem"
         try run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", sec1])
         let pkcs8OpenSSL = directory + "/SubscriptionKey_OPENSSL01.p8"
@@ -33,9 +34,9 @@ public struct TestKeyFiles: Sendable {
         precondition(content.count == 147)
         let applePEM = pem("PRIVATE KEY", appleDER, lineEnding: "\n")
         let pkcs8Apple = directory + "/AuthKey_APPLE00001.p8"
-        try applePEM.write(toFile: pkcs8Apple, atomically: true, encoding: .utf8)
+        try applePEM.write(toFile: pkcs8Apple, atomically: false, encoding: .utf8)
         let pkcs8AppleCRLF = directory + "/SubscriptionKey_CRLF000001.p8"
-        try (pem("PRIVATE KEY", appleDER, lineEnding: "\r\n") + "  \r\n\r\n").write(toFile: pkcs8AppleCRLF, atomically: true, encoding: .utf8)
+        try (pem("PRIVATE KEY", appleDER, lineEnding: "\r\n") + "  \r\n\r\n").write(toFile: pkcs8AppleCRLF, atomically: false, encoding: .utf8)
         let noPublic = directory + "/nopub.p8"
         let noPublicSEC1 = try run(["openssl", "ec", "-in", sec1, "-no_public"])
         try run(["openssl", "pkcs8", "-topk8", "-nocrypt", "-out", noPublic], input: noPublicSEC1)
@@ -75,7 +76,7 @@ public struct TestKeyFiles: Sendable {
 public func opensslVerifies(publicKeyPEM: String, derSignature: [UInt8], message: [UInt8]) throws -> Bool {
     let directory = TemporaryDirectory.make(prefix: "signerd-verify")
     defer { try? FileManager.default.removeItem(atPath: directory) }
-    try publicKeyPEM.write(toFile: directory + "/pub.pem", atomically: true, encoding: .utf8)
+    try publicKeyPEM.write(toFile: directory + "/pub.pem", atomically: false, encoding: .utf8)
     try Data(derSignature).write(to: URL(fileURLWithPath: directory + "/sig.der"))
     do {
         let out = try run(["openssl", "dgst", "-sha256", "-verify", directory + "/pub.pem", "-signature", directory + "/sig.der"], input: Data(message))

@@ -64,6 +64,7 @@ final class DaemonHarness: @unchecked Sendable {
         let files = try TestKeyFiles.make()
         let named = directory + "/AuthKey_\(keyID).p8"
         try FileManager.default.copyItem(atPath: files.pkcs8Apple, toPath: named)
+        chmod(named, 0o600)  // the directory is 0755 (uid 65534 reaches the socket); the key stays private
         try writeConfig()  // signctl needs token_uri
         try run([Binaries.signctl, "--config", configPath, "keys", "import", named], environment: environment)
         keys[keyID] = files
