@@ -121,18 +121,6 @@ void *CSignerShim_mhd_socket_context(struct MHD_Connection *connection) {
     return info == NULL ? NULL : info->socket_context;
 }
 
-EVP_PKEY *CSignerShim_ec_generate(const char *curve) {
-    return EVP_EC_gen(curve);
-}
-
-EVP_PKEY *CSignerShim_rsa_generate(size_t bits) {
-    return EVP_PKEY_Q_keygen(NULL, NULL, "RSA", bits);
-}
-
-void CSignerShim_openssl_free(void *pointer) {
-    OPENSSL_free(pointer);
-}
-
 long CSignerShim_bio_mem_data(BIO *bio, char **data) {
     return BIO_get_mem_data(bio, data);
 }

@@ -216,21 +216,19 @@ struct PKCS11Functions: @unchecked Sendable {
 
     /// `C_Login(session, CKU_USER, pin)`.
     func login(_ session: UInt, pin: SecureBytes) -> PKCS11ReturnValue {
-        if let rv = intercepted(.login, session) { return rv }
-        return pin.withUnsafeBytes { bytes in
-            PKCS11ReturnValue(rawValue: list.pointee.C_Login(
-                CK_SESSION_HANDLE(session), CK_USER_TYPE(CKU_USER),
-                UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
-                CK_ULONG(bytes.count)))
-        }
+        login(session, userType: CK_USER_TYPE(CKU_USER), pin: pin)
     }
 
     /// `C_Login(session, CKU_SO, soPIN)`.
     func loginSecurityOfficer(_ session: UInt, pin: SecureBytes) -> PKCS11ReturnValue {
+        login(session, userType: CK_USER_TYPE(CKU_SO), pin: pin)
+    }
+
+    private func login(_ session: UInt, userType: CK_USER_TYPE, pin: SecureBytes) -> PKCS11ReturnValue {
         if let rv = intercepted(.login, session) { return rv }
         return pin.withUnsafeBytes { bytes in
             PKCS11ReturnValue(rawValue: list.pointee.C_Login(
-                CK_SESSION_HANDLE(session), CK_USER_TYPE(CKU_SO),
+                CK_SESSION_HANDLE(session), userType,
                 UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
                 CK_ULONG(bytes.count)))
         }

@@ -313,11 +313,6 @@ public struct FieldReader {
         return value != .null
     }
 
-    /// Marks a member as known but ignored (the RevenueCat SDK's `subscription_group`).
-    public mutating func ignore(_ name: String) {
-        consumed.insert(name)
-    }
-
     /// Refuses members nobody read (a safety net behind `allowed`).
     /// - Throws: `unknown_field` naming the first unread member (sorted).
     public func finish() throws(APIError) {

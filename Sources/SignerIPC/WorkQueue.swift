@@ -118,11 +118,6 @@ final class WorkQueue: @unchecked Sendable {
         }
     }
 
-    /// Jobs queued or running.
-    var backlog: Int {
-        lock.withLock { pending.count - pendingHead + running.count }
-    }
-
     /// Stops the workers once the queue is empty, and the watchdog.
     func stop() {
         lock.withLock {

@@ -131,3 +131,15 @@ struct FieldReaderTests {
         #expect(object["error"] == ["code": "invalid_field", "message": "timestamp must be \"ms\"", "field": "timestamp"])
     }
 }
+
+@Suite("Process hardening")
+struct ProcessHardeningTests {
+    @Test("disableCoreDumps makes the process undumpable (PR_SET_DUMPABLE 0) with RLIMIT_CORE 0")
+    func coreDumps() throws {
+        #expect(ProcessControl.disableCoreDumps())
+        #expect(!ProcessControl.isDumpable)
+        let limits = try String(contentsOfFile: "/proc/self/limits", encoding: .utf8)
+        let core = try #require(limits.split(separator: "\n").first { $0.hasPrefix("Max core file size") })
+        #expect(core.split(separator: " ", omittingEmptySubsequences: true).dropFirst(4).prefix(2) == ["0", "0"])
+    }
+}

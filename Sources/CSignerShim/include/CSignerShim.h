@@ -57,20 +57,11 @@ int CSignerShim_mhd_connection_fd(struct MHD_Connection *connection);
 /// (`MHD_get_connection_info(MHD_CONNECTION_INFO_SOCKET_CONTEXT)`, variadic).
 void *CSignerShim_mhd_socket_context(struct MHD_Connection *connection);
 
-/// `EVP_EC_gen(curve)` (a macro over the variadic `EVP_PKEY_Q_keygen`).
-EVP_PKEY *CSignerShim_ec_generate(const char *curve);
-
-/// `EVP_PKEY_Q_keygen(NULL, NULL, "RSA", bits)` for tests that need a non-EC key.
-EVP_PKEY *CSignerShim_rsa_generate(size_t bits);
-
 /// An EC public key from a group name (`prime256v1`, …) and an uncompressed
 /// point, via `EVP_PKEY_fromdata` with the parameter names as static C
 /// strings (OSSL_PARAM keeps pointers to them), then `EVP_PKEY_public_check`.
 /// Returns NULL when the point is not on the curve.
 EVP_PKEY *CSignerShim_ec_public_key(const char *group, const unsigned char *point, size_t length);
-
-/// `OPENSSL_free` (a macro over `CRYPTO_free`).
-void CSignerShim_openssl_free(void *pointer);
 
 /// `BIO_get_mem_data` (a macro over `BIO_ctrl`): length of a memory BIO's
 /// contents, with `*data` pointing at them.
