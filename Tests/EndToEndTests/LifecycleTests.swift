@@ -75,41 +75,14 @@ struct LifecycleTests {
     func sigtermDrains() throws {
         let daemon = try DaemonHarness()
         try daemon.start()
-        let key = try ECPublicKey(pem: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM)
-        let results = Mutex<(ok: Int, invalid: Int, errors: Int, statuses: [Int: Int])>((0, 0, 0, [:]))
-        let stop = Atomic<Bool>(false)
-        let group = DispatchGroup()
-        for _ in 0..<8 {
-            group.enter()
-            Thread.detachNewThread {
-                defer { group.leave() }
-                let client = daemon.client()
-                var failures = 0
-                while !stop.load(ordering: .relaxed) && failures < 3 {
-                    do {
-                        let response = try client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"]))
-                        guard response.status == 200 else {
-                            results.withLock { $0.statuses[response.status, default: 0] += 1 }
-                            continue
-                        }
-                        let offer = try response.decode(PromotionalOfferResponse.self)
-                        let payload = independentPayload(bundleID: "com.example.app", keyID: offer.keyID, productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
-                        let valid = Data(base64Encoded: offer.signature).map { key.verify(derSignature: Array($0), digest: SHA256.hash(payload)) } ?? false
-                        results.withLock { valid ? ($0.ok += 1) : ($0.invalid += 1) }
-                    } catch {
-                        failures += 1
-                        results.withLock { $0.errors += 1 }
-                        usleep(20_000)
-                    }
-                }
-            }
-        }
+        let load = try SigningLoad(daemon, clients: 8, publicKeyPEM: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM, maximumSocketErrors: 3)
         usleep(1_500_000)
-        let before = results.withLock { $0.ok }
+        let before = load.recorded.filter { $0.status == 200 }.count
         let status = daemon.stop()
-        stop.store(true, ordering: .relaxed)
-        group.wait()
-        let final = results.withLock { $0 }
+        let samples = load.stop()
+        let answered = samples.filter { $0.status != 0 }
+        let final = (invalid: answered.filter { $0.status == 200 && !$0.valid }.count,
+                     statuses: Dictionary(grouping: answered.filter { $0.status != 200 }, by: \.status).mapValues(\.count))
         #expect(status == 0)
         #expect(before > 20, "requests flowed before SIGTERM")
         #expect(final.invalid == 0)

@@ -19,31 +19,7 @@ struct RecoveryTests {
         try daemon.start()
         defer { daemon.stop() }
         let pid = daemon.process?.processIdentifier
-        let key = try ECPublicKey(pem: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM)
-        let samples = Mutex<[(at: Date, status: Int, valid: Bool)]>([])
-        let running = Atomic<Bool>(true)
-        let group = DispatchGroup()
-        for _ in 0..<8 {
-            group.enter()
-            Thread.detachNewThread {
-                defer { group.leave() }
-                let client = daemon.client()
-                while running.load(ordering: .relaxed) {
-                    guard let response = try? client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"])) else {
-                        samples.withLock { $0.append((Date(), 0, false)) }
-                        usleep(50_000)
-                        continue
-                    }
-                    var valid = false
-                    if response.status == 200, let offer = try? response.decode(PromotionalOfferResponse.self), let der = Data(base64Encoded: offer.signature) {
-                        let payload = independentPayload(bundleID: "com.example.app", keyID: offer.keyID, productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
-                        valid = key.verify(derSignature: Array(der), digest: SHA256.hash(payload))
-                    }
-                    samples.withLock { $0.append((Date(), response.status, valid)) }
-                    if response.status != 200 { usleep(20_000) }
-                }
-            }
-        }
+        let load = try SigningLoad(daemon, clients: 8, publicKeyPEM: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM)
         let tokens = daemon.directory + "/hsm/tokens"
         usleep(1_000_000)
         let away = Date()
@@ -55,13 +31,11 @@ struct RecoveryTests {
         // Until signatures flow again (20 good ones after the last failure), at most 20 s.
         while Date().timeIntervalSince(back) < 20 {
             usleep(100_000)
-            let recent = samples.withLock { $0.filter { $0.at > back } }
+            let recent = load.recorded.filter { $0.at > back }
             let lastFailure = recent.filter { $0.status != 200 }.map(\.at).max() ?? back
             if recent.filter({ $0.at > lastFailure && $0.status == 200 }).count >= 20 { break }
         }
-        running.store(false, ordering: .relaxed)
-        group.wait()
-        let all = samples.withLock { $0 }
+        let all = load.stop()
         let during = all.filter { $0.at >= away }
         let failures = during.filter { $0.status != 200 }
         let lastFailure = failures.map(\.at).max() ?? back

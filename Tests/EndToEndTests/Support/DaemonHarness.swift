@@ -217,3 +217,60 @@ final class LogBuffer: Sendable {
     func append(_ chunk: String) { text.withLock { $0 += chunk } }
     var lines: [String] { text.withLock { $0.split(separator: "\n").map(String.init) } }
 }
+
+/// Signing clients against a running daemon, each on its own keep-alive
+/// connection, every answer recorded with its time and whether the returned
+/// signature verified against the independently rebuilt payload.
+final class SigningLoad: @unchecked Sendable {
+    struct Sample: Sendable {
+        let at: Date
+        /// The HTTP status; 0 when the socket failed.
+        let status: Int
+        let valid: Bool
+    }
+
+    private let samples = Mutex<[Sample]>([])
+    private let running = Atomic<Bool>(true)
+    private let group = DispatchGroup()
+
+    /// Starts `clients` threads signing classic offers for `com.example.app`,
+    /// verified with `publicKeyPEM`. A thread gives up after `maximumSocketErrors`
+    /// socket failures in a row (the daemon has gone).
+    init(_ daemon: DaemonHarness, clients: Int, publicKeyPEM: String, maximumSocketErrors: Int = .max) throws {
+        let key = try ECPublicKey(pem: publicKeyPEM)
+        for _ in 0..<clients {
+            group.enter()
+            Thread.detachNewThread { [self] in
+                defer { group.leave() }
+                let client = daemon.client()
+                var socketErrors = 0
+                while running.load(ordering: .relaxed) && socketErrors < maximumSocketErrors {
+                    guard let response = try? client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"])) else {
+                        socketErrors += 1
+                        samples.withLock { $0.append(Sample(at: Date(), status: 0, valid: false)) }
+                        usleep(20_000)
+                        continue
+                    }
+                    socketErrors = 0
+                    var valid = false
+                    if response.status == 200, let offer = try? response.decode(PromotionalOfferResponse.self), let der = Data(base64Encoded: offer.signature) {
+                        let payload = independentPayload(bundleID: "com.example.app", keyID: offer.keyID, productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
+                        valid = key.verify(derSignature: Array(der), digest: SHA256.hash(payload))
+                    }
+                    samples.withLock { $0.append(Sample(at: Date(), status: response.status, valid: valid)) }
+                    if response.status != 200 { usleep(20_000) }
+                }
+            }
+        }
+    }
+
+    /// Everything recorded so far.
+    var recorded: [Sample] { samples.withLock { $0 } }
+
+    /// Stops the clients and returns every sample.
+    func stop() -> [Sample] {
+        running.store(false, ordering: .relaxed)
+        group.wait()
+        return recorded
+    }
+}
