@@ -50,7 +50,7 @@ struct RecoveryTests {
         #expect(daemon.process?.isRunning == true && daemon.process?.processIdentifier == pid, "no restart")
         let ready = try daemon.client().send("GET", "/readyz")
         #expect(ready.status == 200, "\(String(decoding: ready.body, as: UTF8.self)) \(daemon.log.suffix(5))")
-        #expect(daemon.log.filter { $0.contains("\"token_down\"") }.count == 1)
-        #expect(daemon.log.filter { $0.contains("\"token_up\"") }.count == 1)
+        #expect(daemon.logged { $0.contains("\"token_down\"") }.count == 1)
+        #expect(daemon.logged { $0.contains("\"token_up\"") }.count == 1)
     }
 }

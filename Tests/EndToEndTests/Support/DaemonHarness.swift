@@ -34,7 +34,7 @@ final class DaemonHarness: @unchecked Sendable {
     /// Key ID → the key files and public key.
     private(set) var keys: [String: TestKeyFiles] = [:]
     private(set) var process: Process?
-    private let logPipe = Pipe()
+    private var logPipe = Pipe()
     private let logLines = LogBuffer()
 
     /// Makes the token and imports `keyIDs` (fresh P-256 keys), but does not start the daemon.
@@ -106,12 +106,19 @@ final class DaemonHarness: @unchecked Sendable {
         process.executableURL = URL(fileURLWithPath: command[0].hasPrefix("/") ? command[0] : "/usr/bin/" + command[0])
         process.arguments = Array(command.dropFirst())
         process.environment = environment.merging(extraEnvironment) { _, new in new }
+        logPipe = Pipe()
         process.standardError = logPipe
         process.standardOutput = FileHandle.nullDevice
         let lines = logLines
+        lines.reopen()
         logPipe.fileHandleForReading.readabilityHandler = { handle in
             let data = handle.availableData
-            guard !data.isEmpty else { return }
+            guard !data.isEmpty else {
+                // End of file: every writer (signerd) has gone.
+                handle.readabilityHandler = nil
+                lines.close()
+                return
+            }
             lines.append(String(decoding: data, as: UTF8.self))
         }
         try process.run()
@@ -151,9 +158,30 @@ final class DaemonHarness: @unchecked Sendable {
     /// Everything signerd logged so far.
     var log: [String] { logLines.lines }
 
+    /// Log lines that satisfy `predicate`, waiting up to `seconds` for at least
+    /// `count` of them: signerd's stderr is read on another thread, so a line
+    /// written just before a response may arrive here just after it.
+    func logged(atLeast count: Int = 1, within seconds: Double = 5, _ predicate: (String) -> Bool) -> [String] {
+        let deadline = Date().addingTimeInterval(seconds)
+        while true {
+            let matching = log.filter(predicate)
+            if matching.count >= count || Date() >= deadline { return matching }
+            usleep(20_000)
+        }
+    }
+
     /// Sends `signal` to signerd.
     func send(_ signal: Int32) {
         if let process { kill(process.processIdentifier, signal) }
+    }
+
+    /// SIGHUP, then waits for signerd to log that the new configuration is in
+    /// effect (`config_reloaded`); false if it logged nothing of the kind in 5 s.
+    @discardableResult
+    func reload() -> Bool {
+        let before = log.filter { $0.contains("\"config_reloaded\"") }.count
+        send(SIGHUP)
+        return logged(atLeast: before + 1) { $0.contains("\"config_reloaded\"") }.count > before
     }
 
     /// SIGTERM, then waits for the exit status.
@@ -163,7 +191,9 @@ final class DaemonHarness: @unchecked Sendable {
         if process.isRunning { kill(process.processIdentifier, SIGTERM) }
         process.waitUntilExit()
         DaemonHarness.unregister(process.processIdentifier)
-        logPipe.fileHandleForReading.readabilityHandler = nil
+        // The log is read on another thread: wait for end of file so that
+        // what signerd wrote last is in `log` when stop() returns.
+        if !logLines.waitUntilClosed(seconds: 5) { logPipe.fileHandleForReading.readabilityHandler = nil }
         self.process = nil
         return process.terminationStatus
     }
@@ -214,8 +244,22 @@ func body(_ object: [String: Any]) -> [UInt8] {
 /// signerd's stderr, collected as it arrives.
 final class LogBuffer: Sendable {
     private let text = Mutex("")
+    private let closed = Atomic<Bool>(false)
     func append(_ chunk: String) { text.withLock { $0 += chunk } }
     var lines: [String] { text.withLock { $0.split(separator: "\n").map(String.init) } }
+    /// A new process writes to the buffer.
+    func reopen() { closed.store(false, ordering: .sequentiallyConsistent) }
+    /// The writer has reached end of file.
+    func close() { closed.store(true, ordering: .sequentiallyConsistent) }
+    /// Waits until `close()`; false after `seconds` without it.
+    func waitUntilClosed(seconds: Double) -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        while !closed.load(ordering: .sequentiallyConsistent) {
+            if Date() >= deadline { return false }
+            usleep(10_000)
+        }
+        return true
+    }
 }
 
 /// Signing clients against a running daemon, each on its own keep-alive
