@@ -89,12 +89,21 @@ public enum SHA256 {
     public static func hash(_ bytes: some ContiguousBytes) -> [UInt8] {
         bytes.withUnsafeBytes { buffer in
             [UInt8](unsafeUninitializedCapacity: 32) { out, count in
-                // SHA256() on a valid buffer cannot fail; it returns `out`.
-                _ = CLibCrypto.SHA256(buffer.baseAddress?.assumingMemoryBound(to: UInt8.self), buffer.count, out.baseAddress)
+                // EVP_Digest with the implementation fetched once (OpenSSL 3
+                // otherwise looks the algorithm up in the provider on every
+                // call); it cannot fail on a valid buffer.
+                if let algorithm = SHA256.algorithm {
+                    _ = EVP_Digest(buffer.baseAddress, buffer.count, out.baseAddress, nil, algorithm, nil)
+                } else {
+                    _ = CLibCrypto.SHA256(buffer.baseAddress?.assumingMemoryBound(to: UInt8.self), buffer.count, out.baseAddress)
+                }
                 count = 32
             }
         }
     }
+
+    /// SHA-256 from the default provider (`EVP_MD_fetch`), kept for the process's life.
+    nonisolated(unsafe) private static let algorithm: OpaquePointer? = EVP_MD_fetch(nil, "SHA256", nil)
 }
 
 /// Byte containers that can lend their contiguous storage.

@@ -142,7 +142,11 @@ public struct Logger: Sendable {
     /// Appends `text` as a JSON string literal (RFC 8259 §7).
     public static func appendJSONString(_ text: String, to out: inout String) {
         // Fast path: printable ASCII without quote or backslash goes in as is.
-        if text.utf8.allSatisfy({ $0 >= 0x20 && $0 < 0x7f && $0 != 0x22 && $0 != 0x5c }) {
+        var text = text
+        let plain = text.withUTF8 { bytes in
+            !bytes.contains { $0 < 0x20 || $0 >= 0x7f || $0 == 0x22 || $0 == 0x5c }
+        }
+        if plain {
             out += "\""
             out += text
             out += "\""

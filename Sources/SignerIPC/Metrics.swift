@@ -1,40 +1,51 @@
 import HSMSigner
 import Synchronization
 
-/// A Prometheus histogram with fixed upper bounds, in seconds.
+/// One lock-free counter (`Atomic` cannot live in an array itself).
+final class AtomicCounter: Sendable {
+    private let value = Atomic<UInt64>(0)
+
+    /// Adds `amount` (relaxed: counters need no ordering with other memory).
+    func add(_ amount: UInt64) { value.add(amount, ordering: .relaxed) }
+
+    /// The current value.
+    var load: UInt64 { value.load(ordering: .relaxed) }
+}
+
+/// A Prometheus histogram with fixed upper bounds, in seconds. Observations
+/// are atomic increments: every signature records two, from every worker.
 final class Histogram: Sendable {
     /// Upper bounds in seconds, ascending.
     let bounds: [Double]
-    private let state: Mutex<(counts: [UInt64], sum: Double, count: UInt64)>
+    private let boundsNanoseconds: [UInt64]
+    /// One counter per bound, then one for +Inf.
+    private let buckets: [AtomicCounter]
+    private let sumNanoseconds = AtomicCounter()
 
     init(bounds: [Double]) {
         self.bounds = bounds
-        state = Mutex(([UInt64](repeating: 0, count: bounds.count), 0, 0))
+        boundsNanoseconds = bounds.map { UInt64($0 * 1e9) }
+        buckets = (0...bounds.count).map { _ in AtomicCounter() }
     }
 
     /// Records one observation.
     /// - Parameter nanoseconds: the duration.
     func observe(nanoseconds: UInt64) {
-        let seconds = Double(nanoseconds) / 1e9
-        state.withLock { state in
-            if let index = bounds.firstIndex(where: { seconds <= $0 }) {
-                state.counts[index] += 1
-            }
-            state.sum += seconds
-            state.count += 1
-        }
+        let index = boundsNanoseconds.firstIndex { nanoseconds <= $0 } ?? bounds.count
+        buckets[index].add(1)
+        sumNanoseconds.add(nanoseconds)
     }
 
     func render(name: String, into out: inout String) {
-        let (counts, sum, count) = state.withLock { ($0.counts, $0.sum, $0.count) }
         var cumulative: UInt64 = 0
-        for (bound, bucket) in zip(bounds, counts) {
-            cumulative += bucket
+        for (index, bound) in bounds.enumerated() {
+            cumulative += buckets[index].load
             out += "\(name)_bucket{le=\"\(bound)\"} \(cumulative)\n"
         }
-        out += "\(name)_bucket{le=\"+Inf\"} \(count)\n"
-        out += "\(name)_sum \(sum)\n"
-        out += "\(name)_count \(count)\n"
+        cumulative += buckets[bounds.count].load
+        out += "\(name)_bucket{le=\"+Inf\"} \(cumulative)\n"
+        out += "\(name)_sum \(Double(sumNanoseconds.load) / 1e9)\n"
+        out += "\(name)_count \(cumulative)\n"
     }
 }
 
@@ -46,7 +57,12 @@ public final class Metrics: Sendable {
         var status: Int
     }
 
-    private let requests = Mutex<[RequestKey: UInt64]>([:])
+    /// The statuses counted without a lock, per route; others go to `otherRequests`.
+    private static let commonStatuses = [200, 400, 403, 404, 405, 413, 415, 429, 500, 503]
+    private static let routes = Route.allCases
+    /// `routes.count × commonStatuses.count` counters, route-major.
+    private let requestCounters = (0..<(Route.allCases.count * commonStatuses.count)).map { _ in AtomicCounter() }
+    private let otherRequests = Mutex<[RequestKey: UInt64]>([:])
     private let hsmErrors = Mutex<[String: UInt64]>([:])
     private let events = Mutex<[String: UInt64]>([:])
     private static let latencyBounds = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
@@ -61,7 +77,35 @@ public final class Metrics: Sendable {
     ///   - endpoint: the route (`/v1/sign/promotional-offer`, or `other` for unknown paths).
     ///   - status: the HTTP status sent.
     public func countRequest(endpoint: String, status: Int) {
-        requests.withLock { $0[RequestKey(endpoint: endpoint, status: status), default: 0] += 1 }
+        if let route = Route(rawValue: endpoint) {
+            countRequest(route: route, status: status)
+        } else {
+            otherRequests.withLock { $0[RequestKey(endpoint: endpoint, status: status), default: 0] += 1 }
+        }
+    }
+
+    /// Counts one finished request to a known route (lock-free for the common statuses).
+    /// - Parameters:
+    ///   - route: the endpoint.
+    ///   - status: the HTTP status sent.
+    public func countRequest(route: Route, status: Int) {
+        guard let statusIndex = Metrics.commonStatuses.firstIndex(of: status), let routeIndex = Metrics.routes.firstIndex(of: route) else {
+            otherRequests.withLock { $0[RequestKey(endpoint: route.rawValue, status: status), default: 0] += 1 }
+            return
+        }
+        requestCounters[routeIndex * Metrics.commonStatuses.count + statusIndex].add(1)
+    }
+
+    /// Every request counter, lock-free ones and the rest.
+    private var requestCounts: [RequestKey: UInt64] {
+        var counts = otherRequests.withLock { $0 }
+        for (routeIndex, route) in Metrics.routes.enumerated() {
+            for (statusIndex, status) in Metrics.commonStatuses.enumerated() {
+                let value = requestCounters[routeIndex * Metrics.commonStatuses.count + statusIndex].load
+                if value > 0 { counts[RequestKey(endpoint: route.rawValue, status: status), default: 0] += value }
+            }
+        }
+        return counts
     }
 
     /// Counts a PKCS#11 failure by its `CKR_*` name (or error code when no `CK_RV` applies).
@@ -92,7 +136,7 @@ public final class Metrics: Sendable {
     public func render(token: HSMToken?, keys: Int) -> String {
         var out = ""
         out += "# HELP signerd_requests_total HTTP requests by endpoint and status.\n# TYPE signerd_requests_total counter\n"
-        let counted = requests.withLock { $0 }.sorted { ($0.key.endpoint, $0.key.status) < ($1.key.endpoint, $1.key.status) }
+        let counted = requestCounts.sorted { ($0.key.endpoint, $0.key.status) < ($1.key.endpoint, $1.key.status) }
         for (key, value) in counted {
             out += "signerd_requests_total{endpoint=\"\(key.endpoint)\",status=\"\(key.status)\"} \(value)\n"
         }

@@ -347,8 +347,13 @@ protocol DirectJSON {
 
 /// Builds one compact JSON object member by member.
 struct JSONObjectWriter {
-    private var text = "{"
+    private var text: String
     private var first = true
+
+    init() {
+        text = "{"
+        text.reserveCapacity(256)  // a signing response fits; growing costs copies
+    }
 
     private mutating func key(_ name: String) {
         if !first { text += "," }

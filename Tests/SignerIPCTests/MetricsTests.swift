@@ -1,0 +1,47 @@
+import Foundation
+@testable import HSMSigner
+@testable import SignerIPC
+import Testing
+
+@Suite("metrics counters")
+struct MetricsTests {
+    /// The value of one sample line in Prometheus text format.
+    func sample(_ text: String, _ name: String) -> Double? {
+        text.split(separator: "\n").first { $0.hasPrefix(name + " ") }.flatMap { Double($0.split(separator: " ").last!) }
+    }
+
+    @Test("request counters and histograms lose nothing when 8 threads count at once")
+    func concurrentCounting() {
+        let metrics = Metrics()
+        let threads = 8, perThread = 10_000
+        DispatchQueue.concurrentPerform(iterations: threads) { thread in
+            for index in 0..<perThread {
+                metrics.countRequest(route: .promotionalOffer, status: index % 10 == 0 ? 503 : 200)
+                metrics.countRequest(endpoint: "other", status: 404)
+                // 50 µs, 300 µs, 20 s (beyond the last bound: only +Inf).
+                let nanoseconds: UInt64 = [50_000, 300_000, 20_000_000_000][(index + thread) % 3]
+                metrics.observe(TokenSignature(raw: [], queueNanoseconds: nanoseconds, hsmNanoseconds: nanoseconds))
+            }
+        }
+        // A status outside the lock-free table still counts.
+        metrics.countRequest(route: .promotionalOffer, status: 418)
+        let text = metrics.render(token: nil, keys: 0)
+        let total = Double(threads * perThread)
+        #expect(sample(text, #"signerd_requests_total{endpoint="/v1/sign/promotional-offer",status="200"}"#) == total * 0.9)
+        #expect(sample(text, #"signerd_requests_total{endpoint="/v1/sign/promotional-offer",status="503"}"#) == total * 0.1)
+        #expect(sample(text, #"signerd_requests_total{endpoint="/v1/sign/promotional-offer",status="418"}"#) == 1)
+        #expect(sample(text, #"signerd_requests_total{endpoint="other",status="404"}"#) == total)
+        #expect(sample(text, "signerd_sign_hsm_seconds_count") == total)
+        #expect(sample(text, #"signerd_sign_hsm_seconds_bucket{le="+Inf"}"#) == total)
+        // Cumulative buckets: a third at ≤ 0.0001 s, two thirds at ≤ 0.0005 s and at ≤ 10 s.
+        let third = (total / 3).rounded(.down)
+        let atFifty = sample(text, #"signerd_sign_hsm_seconds_bucket{le="0.0001"}"#) ?? -1
+        #expect(abs(atFifty - third) <= 1)
+        #expect(sample(text, #"signerd_sign_hsm_seconds_bucket{le="0.0005"}"#) == sample(text, #"signerd_sign_hsm_seconds_bucket{le="10.0"}"#))
+        let sum = sample(text, "signerd_sign_hsm_seconds_sum") ?? 0
+        let expectedSum = (0..<threads).reduce(0.0) { partial, thread in
+            partial + (0..<perThread).reduce(0.0) { $0 + [50e-6, 300e-6, 20][($1 + thread) % 3] }
+        }
+        #expect(abs(sum - expectedSum) < 1e-3, "sum \(sum), expected \(expectedSum)")
+    }
+}
