@@ -72,36 +72,30 @@ public final class Metrics: Sendable {
     /// Makes empty metrics.
     public init() {}
 
-    /// Counts one finished request.
+    /// Counts one finished request (lock-free for the known routes and the common statuses).
     /// - Parameters:
-    ///   - endpoint: the route (`/v1/sign/promotional-offer`, or `other` for unknown paths).
+    ///   - route: the endpoint; nil for an unknown path, counted as `other`.
     ///   - status: the HTTP status sent.
-    public func countRequest(endpoint: String, status: Int) {
-        if let route = Route(rawValue: endpoint) {
-            countRequest(route: route, status: status)
-        } else {
-            otherRequests.withLock { $0[RequestKey(endpoint: endpoint, status: status), default: 0] += 1 }
-        }
-    }
-
-    /// Counts one finished request to a known route (lock-free for the common statuses).
-    /// - Parameters:
-    ///   - route: the endpoint.
-    ///   - status: the HTTP status sent.
-    public func countRequest(route: Route, status: Int) {
-        guard let statusIndex = Metrics.commonStatuses.firstIndex(of: status), let routeIndex = Metrics.routes.firstIndex(of: route) else {
-            otherRequests.withLock { $0[RequestKey(endpoint: route.rawValue, status: status), default: 0] += 1 }
+    public func countRequest(route: Route?, status: Int) {
+        guard let route, let index = Metrics.counterIndex(route: route, status: status) else {
+            otherRequests.withLock { $0[RequestKey(endpoint: route?.rawValue ?? "other", status: status), default: 0] += 1 }
             return
         }
-        requestCounters[routeIndex * Metrics.commonStatuses.count + statusIndex].add(1)
+        requestCounters[index].add(1)
+    }
+
+    /// The position of (`route`, `status`) in `requestCounters`; nil for a status not in the table.
+    private static func counterIndex(route: Route, status: Int) -> Int? {
+        guard let statusIndex = commonStatuses.firstIndex(of: status), let routeIndex = routes.firstIndex(of: route) else { return nil }
+        return routeIndex * commonStatuses.count + statusIndex
     }
 
     /// Every request counter, lock-free ones and the rest.
     private var requestCounts: [RequestKey: UInt64] {
         var counts = otherRequests.withLock { $0 }
-        for (routeIndex, route) in Metrics.routes.enumerated() {
-            for (statusIndex, status) in Metrics.commonStatuses.enumerated() {
-                let value = requestCounters[routeIndex * Metrics.commonStatuses.count + statusIndex].load
+        for route in Metrics.routes {
+            for status in Metrics.commonStatuses {
+                let value = requestCounters[Metrics.counterIndex(route: route, status: status)!].load
                 if value > 0 { counts[RequestKey(endpoint: route.rawValue, status: status), default: 0] += value }
             }
         }

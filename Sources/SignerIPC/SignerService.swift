@@ -120,34 +120,33 @@ public final class SignerService: HTTPHandler, Sendable {
     /// - Returns: the error response, or nil to read the body and go on.
     public func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? {
         let route = Route(rawValue: path)
-        let endpoint = route?.rawValue ?? "other"
         let config = configuration
         // Who may call comes first: a peer that is not allowed learns nothing, not even which paths exist.
         guard isAllowed(peer, config) else {
             metrics.count("forbidden")
             logger.warning("peer_forbidden", ["peer.uid": .int(Int64(peer.uid)), "peer.gid": .int(Int64(peer.gid)), "peer.pid": .int(Int64(peer.pid)), "http.path": .string(path)])
-            return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")), endpoint: endpoint)
+            return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")), route: route)
         }
         guard let route else {
-            return respond(.failure(APIError(.notFound, "no endpoint at \(path); see docs/API.md")), endpoint: endpoint)
+            return respond(.failure(APIError(.notFound, "no endpoint at \(path); see docs/API.md")), route: route)
         }
         guard method == route.method else {
-            var response = respond(.failure(APIError(.methodNotAllowed, "\(path) accepts \(route.method), not \(method)")), endpoint: endpoint)
+            var response = respond(.failure(APIError(.methodNotAllowed, "\(path) accepts \(route.method), not \(method)")), route: route)
             response.headers.append(("Allow", route.method))
             return response
         }
         if let limited = rateLimit(peer, config) {
-            return respond(.failure(limited), endpoint: route.rawValue)
+            return respond(.failure(limited), route: route)
         }
         // While the token is down, signing requests fail fast instead of queueing.
         if route.method == "POST", case .down(let reason) = token.status {
             var error = APIError(.hsmUnavailable, "the HSM is unavailable (\(reason)); recovery is running")
             error.retryAfter = 1
-            return respond(.failure(error), endpoint: route.rawValue)
+            return respond(.failure(error), route: route)
         }
         if route.method == "POST" {
             guard let contentType, Self.isJSON(contentType) else {
-                return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentType ?? "none")")), endpoint: route.rawValue)
+                return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentType ?? "none")")), route: route)
             }
         }
         return nil
@@ -179,7 +178,7 @@ public final class SignerService: HTTPHandler, Sendable {
             // C_Login or C_OpenSession are not): fail fast while recovery checks the token.
             token.markDown(reason: "call_timeout", reinitialize: false)
         }
-        return respond(.failure(error), endpoint: Route(rawValue: request.path)?.rawValue ?? "other")
+        return respond(.failure(error), route: Route(rawValue: request.path))
     }
 
     /// 503 `hsm_unavailable` with `Retry-After: 1` when the worker queue is full.
@@ -188,7 +187,7 @@ public final class SignerService: HTTPHandler, Sendable {
     public func overloaded(_ request: HTTPRequest) -> HTTPResponse {
         var error = APIError(.hsmUnavailable, "too many requests are waiting for the HSM; retry shortly")
         error.retryAfter = 1
-        return respond(.failure(error), endpoint: Route(rawValue: request.path)?.rawValue ?? "other")
+        return respond(.failure(error), route: Route(rawValue: request.path))
     }
 
     /// Writes off `C_Sign` calls that have been inside the module longer
@@ -215,7 +214,7 @@ public final class SignerService: HTTPHandler, Sendable {
     ///   - limit: the largest body accepted, in bytes.
     /// - Returns: the error response.
     public func payloadTooLarge(path: String, limit: Int) -> HTTPResponse {
-        respond(.failure(APIError(.payloadTooLarge, "the request body is over \(limit) bytes")), endpoint: Route(rawValue: path)?.rawValue ?? "other")
+        respond(.failure(APIError(.payloadTooLarge, "the request body is over \(limit) bytes")), route: Route(rawValue: path))
     }
 
     /// Answers a complete request: `/healthz` (`{"status":"ok"}`), `/readyz`
@@ -226,7 +225,7 @@ public final class SignerService: HTTPHandler, Sendable {
     /// - Returns: the response.
     public func handle(_ request: HTTPRequest) -> HTTPResponse {
         guard let route = Route(rawValue: request.path) else {
-            return respond(.failure(APIError(.notFound, "no endpoint at \(request.path)")), endpoint: "other")
+            return respond(.failure(APIError(.notFound, "no endpoint at \(request.path)")), route: nil)
         }
         let config = configuration
         let result: Result<HTTPResponse, APIError>
@@ -252,16 +251,17 @@ public final class SignerService: HTTPHandler, Sendable {
         case .promotionalOfferV2, .introductoryOfferEligibility, .advancedCommerceRequest, .serverAPIToken:
             result = Result { () throws(APIError) in try signJWS(route, request, config) }
         }
-        return respond(result, endpoint: route.rawValue)
+        return respond(result, route: route)
     }
 
-    private func respond(_ result: Result<HTTPResponse, APIError>, endpoint: String) -> HTTPResponse {
+    /// The response for `result`, counted under `route` (nil: an unknown path, counted as `other`).
+    private func respond(_ result: Result<HTTPResponse, APIError>, route: Route?) -> HTTPResponse {
         let response: HTTPResponse
         switch result {
         case .success(let value): response = value
         case .failure(let error): response = HTTPResponse(error: error)
         }
-        metrics.countRequest(endpoint: endpoint, status: response.status)
+        metrics.countRequest(route: route, status: response.status)
         return response
     }
 

@@ -17,7 +17,7 @@ struct MetricsTests {
         DispatchQueue.concurrentPerform(iterations: threads) { thread in
             for index in 0..<perThread {
                 metrics.countRequest(route: .promotionalOffer, status: index % 10 == 0 ? 503 : 200)
-                metrics.countRequest(endpoint: "other", status: 404)
+                metrics.countRequest(route: nil, status: 404)
                 // 50 µs, 300 µs, 20 s (beyond the last bound: only +Inf).
                 let nanoseconds: UInt64 = [50_000, 300_000, 20_000_000_000][(index + thread) % 3]
                 metrics.observe(TokenSignature(raw: [], queueNanoseconds: nanoseconds, hsmNanoseconds: nanoseconds))

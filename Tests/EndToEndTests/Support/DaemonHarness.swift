@@ -162,12 +162,8 @@ final class DaemonHarness: @unchecked Sendable {
     /// `count` of them: signerd's stderr is read on another thread, so a line
     /// written just before a response may arrive here just after it.
     func logged(atLeast count: Int = 1, within seconds: Double = 5, _ predicate: (String) -> Bool) -> [String] {
-        let deadline = Date().addingTimeInterval(seconds)
-        while true {
-            let matching = log.filter(predicate)
-            if matching.count >= count || Date() >= deadline { return matching }
-            usleep(20_000)
-        }
+        _ = poll(seconds: seconds) { log.filter(predicate).count >= count }
+        return log.filter(predicate)
     }
 
     /// Sends `signal` to signerd.
@@ -253,13 +249,18 @@ final class LogBuffer: Sendable {
     func close() { closed.store(true, ordering: .sequentiallyConsistent) }
     /// Waits until `close()`; false after `seconds` without it.
     func waitUntilClosed(seconds: Double) -> Bool {
-        let deadline = Date().addingTimeInterval(seconds)
-        while !closed.load(ordering: .sequentiallyConsistent) {
-            if Date() >= deadline { return false }
-            usleep(10_000)
-        }
-        return true
+        poll(seconds: seconds) { closed.load(ordering: .sequentiallyConsistent) }
     }
+}
+
+/// Checks `condition` every 10 ms until it holds (true) or `seconds` pass (false).
+func poll(seconds: Double, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while !condition() {
+        if Date() >= deadline { return false }
+        usleep(10_000)
+    }
+    return true
 }
 
 /// Signing clients against a running daemon, each on its own keep-alive
