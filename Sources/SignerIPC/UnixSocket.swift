@@ -165,9 +165,12 @@ public final class UnixConnection: @unchecked Sendable {
     // Used by one thread at a time (the caller's); `fd` is closed once.
     /// The connected descriptor.
     public private(set) var fd: Int32
+    /// The read timeout in milliseconds for poll(2); -1 for none.
+    private let readTimeoutMs: Int32
 
-    private init(fd: Int32) {
+    private init(fd: Int32, readTimeoutMs: Int32) {
         self.fd = fd
+        self.readTimeoutMs = readTimeoutMs
     }
 
     /// Connects to `path`.
@@ -189,21 +192,35 @@ public final class UnixConnection: @unchecked Sendable {
             setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &value, socklen_t(MemoryLayout<timeval>.size))
             setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &value, socklen_t(MemoryLayout<timeval>.size))
         }
-        return UnixConnection(fd: fd)
+        return UnixConnection(fd: fd, readTimeoutMs: timeout > 0 ? Int32(min(timeout * 1000, Double(Int32.max))) : -1)
     }
 
     /// Writes all of `bytes`.
     /// - Throws: ``SocketError`` when the peer closed or the write timed out.
     public func write(_ bytes: [UInt8]) throws(SocketError) {
+        let failure = UnixConnection.sendAll(bytes, on: fd, blocking: true)
+        guard failure == 0 else { throw SocketError("write to the socket failed", errno: failure) }
+    }
+
+    /// Sends all of `bytes` on `fd` with `MSG_NOSIGNAL` (a closed peer is
+    /// an error, not `SIGPIPE`), retrying on `EINTR`.
+    /// - Parameters:
+    ///   - bytes: what to send.
+    ///   - fd: a connected stream socket.
+    ///   - blocking: false adds `MSG_DONTWAIT` (a full socket buffer is then an error).
+    /// - Returns: 0 when all was sent, else the `errno` of the failed `send(2)`.
+    static func sendAll(_ bytes: [UInt8], on fd: Int32, blocking: Bool) -> Int32 {
+        let flags = Int32(MSG_NOSIGNAL) | (blocking ? 0 : Int32(MSG_DONTWAIT))
         var offset = 0
         while offset < bytes.count {
-            let n = bytes.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, Int32(MSG_NOSIGNAL)) }  // count > 0: non-nil
+            let n = bytes.withUnsafeBytes { send(fd, $0.baseAddress! + offset, $0.count - offset, flags) }  // count > 0: non-nil
             if n < 0 {
                 if errno == EINTR { continue }
-                throw SocketError("write to the socket failed", errno: errno)
+                return errno
             }
             offset += n
         }
+        return 0
     }
 
     /// Reads what is available (up to `maximum` bytes) and appends it to `buffer`.
@@ -211,6 +228,19 @@ public final class UnixConnection: @unchecked Sendable {
     /// - Throws: ``SocketError`` on a read error or timeout.
     public func read(appendingTo buffer: inout [UInt8], maximum: Int = 16 * 1024) throws(SocketError) -> Int {
         while true {
+            // Wait in poll(2), not in recv(2): a thread asleep in recv on a
+            // Unix stream socket is also woken each time the peer reads what
+            // this side sent (unix_write_space), so every request cost the
+            // caller a spurious wakeup; poll wakes only for POLLIN.
+            var waiting = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+            let ready = poll(&waiting, 1, readTimeoutMs)
+            if ready < 0 {
+                if errno == EINTR { continue }
+                throw SocketError("poll on the socket failed", errno: errno)
+            }
+            if ready == 0 {
+                throw SocketError("read from the socket timed out", errno: EAGAIN)
+            }
             let n = scratch.withUnsafeMutableBytes { recv(fd, $0.baseAddress, min(maximum, $0.count), 0) }
             if n < 0 {
                 if errno == EINTR { continue }
