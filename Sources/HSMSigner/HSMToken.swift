@@ -70,13 +70,13 @@ public final class HSMToken: @unchecked Sendable {
     let functions: PKCS11Functions
     let pool: SessionPool
     let options: TokenOptions
-    private let state: Mutex<State>
-    private let pin: Mutex<SecureBytes>
+    private let state: Locked<State>
+    private let pin: Locked<SecureBytes>
     /// Serializes logins and recovery so two threads never log in or
     /// reinitialize the same token at once.
-    private let loginLock = Mutex(())
+    private let loginLock = Locked(())
     /// `C_SignInit`/`C_Sign` calls now inside the module, with their start time.
-    private let inFlight = Mutex<[ObjectIdentifier: (lease: SessionLease, started: UInt64)]>([:])
+    private let inFlight = Locked<[ObjectIdentifier: (lease: SessionLease, started: UInt64)]>([:])
     private var logger: Logger { options.logger }
 
     struct CachedKey: Sendable {
@@ -135,7 +135,7 @@ public final class HSMToken: @unchecked Sendable {
             options.logger.warning("pin_value_in_uri", ["hint": "use pin-source=file:/path with mode 0600 instead of pin-value"])
         }
         let pin = try uri.readPIN()
-        self.pin = Mutex(pin)
+        self.pin = Locked(pin)
         let module = try PKCS11Module.acquire(path: try uri.resolveModulePath())
         let functions = PKCS11Functions(module: module, interposer: interposer)
         self.functions = functions
@@ -147,7 +147,7 @@ public final class HSMToken: @unchecked Sendable {
             throw error
         }
         let (slot, info) = found
-        state = Mutex(State(slot: slot, label: info.label, serial: info.serial))
+        state = Locked(State(slot: slot, label: info.label, serial: info.serial))
         var capacity = max(1, options.sessionPoolSize)
         if let maxSessions = info.maxSessions {
             // Keep one for the login anchor and one for key management.

@@ -67,7 +67,7 @@ public struct Logger: Sendable {
     /// A logger that drops everything.
     public static let disabled = Logger(minimumLevel: .critical) { _ in }
 
-    private static let writeLock = Mutex(())
+    private static let writeLock = Locked(())
 
     private static let standardError: @Sendable (String) -> Void = { line in
         var bytes = Array(line.utf8)

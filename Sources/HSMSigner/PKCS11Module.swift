@@ -58,9 +58,9 @@ final class PKCS11Module: @unchecked Sendable {
     let list: UnsafeMutablePointer<CK_FUNCTION_LIST>
     /// The library path p11-kit loaded.
     let path: String
-    private let lock = Mutex<(users: Int, initialized: Bool)>((0, false))
+    private let lock = Locked<(users: Int, initialized: Bool)>((0, false))
 
-    private static let registry = Mutex<[String: PKCS11Module]>([:])
+    private static let registry = Locked<[String: PKCS11Module]>([:])
 
     private init(list: UnsafeMutablePointer<CK_FUNCTION_LIST>, path: String) {
         self.list = list

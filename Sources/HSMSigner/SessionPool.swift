@@ -28,13 +28,31 @@ final class SessionLease: Sendable {
 /// PKCS#11 sessions are not for concurrent use, so each is leased to one
 /// thread at a time. ``checkout(deadline:)`` reuses an idle session, opens a
 /// new one while fewer than ``capacity`` exist, and otherwise waits for a
-/// return until the deadline instead of failing at once.
+/// return until the deadline instead of failing at once. Waiters are served
+/// first come first served: a returned session (or a freed place) is handed
+/// to the longest waiter and only that thread is woken, so with many more
+/// connections than sessions no request is overtaken again and again.
 final class SessionPool: @unchecked Sendable {
+    /// What a waiter is handed.
+    private enum Grant {
+        case reuse(UInt, UInt64, UInt64)
+        case openNew(UInt64, UInt64, UInt)
+        /// The pool was reset: look again.
+        case retry
+    }
+
+    /// A thread waiting in ``checkout(deadline:)``.
+    private final class Waiter {
+        let condition = ConditionLock.Condition()
+        var grant: Grant?
+    }
+
     // All mutable fields are guarded by `lock`.
     private let lock = ConditionLock()
     private var idle: [UInt] = []
     private var counted = 0
-    private var waiting = 0
+    /// Oldest first.
+    private var waiters: [Waiter] = []
     private var generation: UInt64 = 0
     private var epoch: UInt64 = 0
     /// The most sessions open at once (counting leased ones).
@@ -57,7 +75,7 @@ final class SessionPool: @unchecked Sendable {
 
     /// Sessions in use and idle, for metrics.
     var usage: (inUse: Int, idle: Int, waiting: Int) {
-        lock.withLock { (counted - idle.count, idle.count, waiting) }
+        lock.withLock { (counted - idle.count, idle.count, waiters.count) }
     }
 
     /// Leases a session, waiting until `deadline` (``MonotonicClock``
@@ -65,8 +83,7 @@ final class SessionPool: @unchecked Sendable {
     /// - Throws: ``HSMError/Code/sessionUnavailable`` on timeout; the
     ///   `C_OpenSession` failure when opening one fails.
     func checkout(deadline: UInt64) throws(HSMError) -> SessionLease {
-        enum Next { case reuse(UInt, UInt64, UInt64), openNew(UInt64, UInt64, UInt) }
-        let next: Next? = lock.withLock {
+        let next: Grant? = lock.withLock {
             while true {
                 if let handle = idle.popLast() {
                     return .reuse(handle, generation, epoch)
@@ -75,23 +92,37 @@ final class SessionPool: @unchecked Sendable {
                     counted += 1
                     return .openNew(generation, epoch, slot)
                 }
-                waiting += 1
-                let signalled = lock.wait(untilMonotonic: deadline)
-                waiting -= 1
-                if !signalled && MonotonicClock.now() >= deadline && idle.isEmpty && counted >= capacity {
+                let waiter = Waiter()
+                waiters.append(waiter)
+                while waiter.grant == nil {
+                    if !lock.wait(on: waiter.condition, untilMonotonic: deadline) && MonotonicClock.now() >= deadline {
+                        break
+                    }
+                }
+                switch waiter.grant {
+                case .retry?:
+                    continue
+                case let grant?:
+                    return grant
+                case nil:
+                    waiters.removeAll { $0 === waiter }
                     return nil
                 }
             }
         }
         switch next {
+        case .retry?:
+            preconditionFailure("a retry grant is consumed inside the loop")
         case .reuse(let handle, let generation, let epoch):
             return SessionLease(handle: handle, generation: generation, epoch: epoch)
         case .openNew(let generation, let epoch, let slot):
             let (rv, handle) = open(slot)
             guard rv == .ok else {
                 lock.withLock {
-                    if generation == self.generation { counted -= 1 }
-                    lock.signal()
+                    if generation == self.generation {
+                        counted -= 1
+                        handOverFreedPlace()
+                    }
                 }
                 throw HSMError(pkcs11: .openSession, rv, message: "cannot open a session")
             }
@@ -111,8 +142,13 @@ final class SessionPool: @unchecked Sendable {
         }
         let stale: Bool = lock.withLock {
             guard lease.generation == generation else { return true }
-            idle.append(lease.handle)
-            lock.signal()
+            if waiters.isEmpty {
+                idle.append(lease.handle)
+            } else {
+                let waiter = waiters.removeFirst()
+                waiter.grant = .reuse(lease.handle, generation, epoch)
+                lock.signal(waiter.condition)
+            }
             return false
         }
         if stale && lease.epoch == currentEpoch {
@@ -126,7 +162,7 @@ final class SessionPool: @unchecked Sendable {
         let sameEpoch: Bool = lock.withLock {
             if !wasQuarantined && lease.generation == generation {
                 counted -= 1
-                lock.signal()
+                handOverFreedPlace()
             }
             return lease.epoch == epoch
         }
@@ -141,9 +177,18 @@ final class SessionPool: @unchecked Sendable {
         lock.withLock {
             if lease.generation == generation {
                 counted -= 1
-                lock.signal()
+                handOverFreedPlace()
             }
         }
+    }
+
+    /// A place in the pool was freed (lock held): the longest waiter may open a session.
+    private func handOverFreedPlace() {
+        guard counted < capacity, !waiters.isEmpty else { return }
+        let waiter = waiters.removeFirst()
+        counted += 1
+        waiter.grant = .openNew(generation, epoch, slot)
+        lock.signal(waiter.condition)
     }
 
     private var currentEpoch: UInt64 { lock.withLock { epoch } }
@@ -165,7 +210,11 @@ final class SessionPool: @unchecked Sendable {
             let old = idle
             idle.removeAll()
             counted = 0
-            lock.broadcast()
+            for waiter in waiters {
+                waiter.grant = .retry
+                lock.signal(waiter.condition)
+            }
+            waiters.removeAll()
             return moduleReinitialized ? [] : old
         }
         for handle in toClose { close(handle) }

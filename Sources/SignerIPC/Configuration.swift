@@ -57,7 +57,8 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var allowedUIDs: [UInt32] = []
     /// gids whose members may call.
     public var allowedGIDs: [UInt32] = []
-    /// PKCS#11 sessions used at once, and the worker threads that use them.
+    /// PKCS#11 sessions open at once: the most signatures in progress at
+    /// once; further requests wait for a session, first come first served.
     /// Default twice the online CPUs, at most 8 (a software token like
     /// SoftHSM signs on the host's CPUs; a network HSM may want more).
     public var sessionPoolSize = min(8, 2 * max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN))))
@@ -65,8 +66,9 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var verifyBeforeReturn = true
     /// The lowest log level written. Default `info`.
     public var logLevel: LogLevel = .info
-    /// libmicrohttpd's threads (HTTP parsing and I/O only; they never wait
-    /// for the HSM). Default 2.
+    /// `http_threads` as read from the file. It no longer has an effect
+    /// (each connection has its own thread); it is still accepted so that
+    /// older configuration files load, and signerd logs a warning.
     public var httpThreads: Int?
     /// Most connections at once. Default 1024.
     public var maxConnections = 1024
@@ -273,11 +275,6 @@ public struct SignerConfiguration: Sendable, Equatable {
                 throw ConfigurationError("\(key) must hold numeric ids or names")
             }
         }
-    }
-
-    /// The HTTP worker thread count in effect.
-    public var effectiveHTTPThreads: Int {
-        httpThreads ?? 2
     }
 }
 

@@ -68,31 +68,28 @@ public protocol HTTPHandler: Sendable {
     /// response returned here is sent at once and the body is not read
     /// (403 for a peer not allowed, 404, 405, 413 by `Content-Length`, 415).
     func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse?
-    /// Handles a complete request: on a worker thread when ``needsWorker(path:)``
-    /// says so (it may then block in PKCS#11, bounded by the request timeout),
-    /// else on the HTTP thread (it must not block).
+    /// Handles a complete request on its connection's thread. When
+    /// ``mayBlock(path:)`` says so it may block in PKCS#11, and the watchdog
+    /// answers for it if it is still inside at the signing timeout.
     func handle(_ request: HTTPRequest) -> HTTPResponse
     /// The response for a body over the limit.
     func payloadTooLarge(path: String, limit: Int) -> HTTPResponse
-    /// Whether the request may block (PKCS#11) and so runs on a worker
-    /// thread under the request timeout; false runs it on the HTTP thread.
-    func needsWorker(path: String) -> Bool
-    /// The answer for a request that waited (`running` false) or ran
-    /// (`running` true) longer than the timeout.
-    func timedOut(_ request: HTTPRequest, running: Bool) -> HTTPResponse
-    /// The answer when the worker queue is full.
-    func overloaded(_ request: HTTPRequest) -> HTTPResponse
+    /// Whether a request to `path` may block in PKCS#11, and so runs under
+    /// the signing timeout; false for requests that never wait.
+    func mayBlock(path: String) -> Bool
+    /// The answer the watchdog sends for a request to `path` still not
+    /// answered at the signing timeout (sent with `Connection: close`).
+    func timedOut(path: String) -> HTTPResponse
     /// Called by the request watchdog a few times a second (the application
     /// writes off calls that hang there).
     func watchdogTick()
 }
 
-/// Limits and threads of the server.
+/// Limits of the server. Each connection has its own thread
+/// (libmicrohttpd's `MHD_USE_THREAD_PER_CONNECTION`), which reads the
+/// request, runs the handler and writes the response.
 public struct HTTPServerOptions: Sendable {
-    /// libmicrohttpd threads (each runs its own epoll loop; they parse and
-    /// write HTTP and never wait for the HSM). Default 2.
-    public var threads = 2
-    /// Most connections at once.
+    /// Most connections (and so connection threads) at once.
     public var connectionLimit = 1024
     /// Idle keep-alive connections are closed after this many seconds.
     public var idleTimeoutSeconds = 60
@@ -102,39 +99,41 @@ public struct HTTPServerOptions: Sendable {
     public var maxBodyBytes = 64 * 1024
     /// Largest request head (request line and headers) in bytes (431 above, from libmicrohttpd).
     public var maxHeaderBytes = 8 * 1024
-    /// Worker threads for requests that may block (one per PKCS#11 session).
-    public var workers = 8
-    /// Seconds from a worker request's arrival to its answer; later ones get ``HTTPHandler/timedOut(_:)``.
-    public var workerTimeoutSeconds = 5.0
-    /// Requests waiting for a worker beyond this are answered with ``HTTPHandler/overloaded(_:)``.
-    public var maximumQueued = 4096
+    /// Seconds from the arrival of a request that may block to its answer
+    /// (`sign_timeout_ms`); one still in its handler then is answered by the
+    /// watchdog with ``HTTPHandler/timedOut(path:)``.
+    public var signTimeoutSeconds = 5.0
 
     /// Default options.
     public init() {}
 }
 
+/// A request whose handler may block, while its connection's thread runs it.
+struct BlockingCall {
+    /// The request path, for the watchdog's answer.
+    var path: String
+    /// ``MonotonicClock`` nanoseconds after which the watchdog answers.
+    var deadline: UInt64
+    /// Set by the watchdog once it answered; the handler's own response is then dropped.
+    var answered = false
+}
+
 /// One accepted connection: the peer, a private duplicate of its descriptor
-/// (so a slow request can be cut with `shutdown(2)` without racing a reuse
-/// of the number), and when its current request began.
+/// (so a slow request can be cut with `shutdown(2)`, or a hung one answered,
+/// without racing a reuse of the number), and when its current request began.
 final class ConnectionState: Sendable {
     let peer: PeerCredentials?
     let descriptor: Int32
     /// `MonotonicClock` nanoseconds of the current request's request line; 0 between requests.
     let requestStarted = Atomic<UInt64>(0)
     let dropped = Atomic<Bool>(false)
+    /// The request in a handler that may block, if any.
+    let blockingCall = Locked<BlockingCall?>(nil)
 
     init(peer: PeerCredentials?, descriptor: Int32) {
         self.peer = peer
         self.descriptor = descriptor
     }
-}
-
-/// A suspended MHD connection, handed to the worker that resumes it.
-/// libmicrohttpd documents `MHD_resume_connection` as callable from any
-/// thread, and a suspended connection is neither processed nor freed until
-/// it is resumed, so the pointer stays valid until then.
-struct SuspendedConnection: @unchecked Sendable {
-    let pointer: OpaquePointer
 }
 
 /// One request in progress.
@@ -147,9 +146,6 @@ final class RequestState: @unchecked Sendable {
     var tooLarge = false
     var answered = false
     var processing = false
-    var suspended = false
-    /// Written by a worker, read by the HTTP thread after the resume.
-    let pendingResponse = Mutex<HTTPResponse?>(nil)
 
     init(connection: ConnectionState?, path: String) {
         self.connection = connection
@@ -158,7 +154,15 @@ final class RequestState: @unchecked Sendable {
 }
 
 /// The HTTP/1.1 server on a listening Unix socket, built on libmicrohttpd
-/// (thread pool, epoll). Keep-alive is the normal case.
+/// with one thread per connection. Keep-alive is the normal case.
+///
+/// A request runs on its connection's thread from the first byte to the
+/// last, PKCS#11 call included: no hand-off between threads, so a signature
+/// costs two wakeups (the request, the response), as in the
+/// `p11-kit server` model, and a hung HSM call holds only its own
+/// connection. A watchdog answers a request still in its handler at
+/// ``HTTPServerOptions/signTimeoutSeconds`` with 503 and closes that
+/// connection.
 public final class HTTPServer: @unchecked Sendable {
     // `daemon` is set in start() and cleared in stop(), both called from
     // one controlling thread; callbacks only read immutable fields and
@@ -169,12 +173,12 @@ public final class HTTPServer: @unchecked Sendable {
     let handler: any HTTPHandler
     let logger: Logger
     let metrics: Metrics?
-    private let connections = Mutex<[ObjectIdentifier: ConnectionState]>([:])
+    private let connections = Locked<[ObjectIdentifier: ConnectionState]>([:])
     private let processing = Atomic<Int>(0)
     /// Set when draining: responses carry `Connection: close`.
     let draining = Atomic<Bool>(false)
     private let reaperRunning = Atomic<Bool>(false)
-    private var workQueue: WorkQueue?
+    private let watchdogRunning = Atomic<Bool>(false)
 
     /// Prepares a server on an already listening socket (from ``UnixListener`` or systemd).
     /// - Parameters:
@@ -197,21 +201,15 @@ public final class HTTPServer: @unchecked Sendable {
     /// Requests received in full and not yet answered and sent.
     public var requestsInProgress: Int { processing.load(ordering: .relaxed) }
 
-    /// Starts libmicrohttpd's threads.
+    /// Starts libmicrohttpd's listening thread (connection threads follow
+    /// connections), the slow-request reaper and the signing watchdog.
     /// - Throws: ``SocketError`` when `MHD_start_daemon` fails.
     public func start() throws(SocketError) {
         var settings = CSignerShim_mhd_options()
-        settings.flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_EPOLL.rawValue | MHD_USE_ITC.rawValue
-                                | MHD_USE_ERROR_LOG.rawValue | MHD_ALLOW_SUSPEND_RESUME.rawValue)
-        let handler = self.handler
-        workQueue = WorkQueue(
-            workers: options.workers, maximumWorkers: 2 * options.workers + 2, maximumQueued: options.maximumQueued,
-            timeout: options.workerTimeoutSeconds,
-            handle: { job in handler.handle(job.request) },
-            timedOut: { job, running in handler.timedOut(job.request, running: running) },
-            onTick: { handler.watchdogTick() })
+        // ITC lets MHD_quiesce_daemon stop the listening thread's accepts.
+        settings.flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_THREAD_PER_CONNECTION.rawValue
+                                | MHD_USE_POLL.rawValue | MHD_USE_ITC.rawValue | MHD_USE_ERROR_LOG.rawValue)
         settings.listen_fd = listenDescriptor
-        settings.thread_pool_size = UInt32(max(1, options.threads))
         settings.connection_limit = UInt32(options.connectionLimit)
         settings.connection_timeout_s = UInt32(options.idleTimeoutSeconds)
         settings.connection_memory_limit = max(16 * 1024, 2 * options.maxHeaderBytes)
@@ -232,6 +230,8 @@ public final class HTTPServer: @unchecked Sendable {
         daemon = started
         reaperRunning.store(true, ordering: .releasing)
         OSThread.start { [self] in reapSlowRequests() }
+        watchdogRunning.store(true, ordering: .releasing)
+        OSThread.start { [self] in watchBlockingCalls() }
     }
 
     /// Stops accepting new connections (`MHD_quiesce_daemon`); open ones are still served.
@@ -253,14 +253,30 @@ public final class HTTPServer: @unchecked Sendable {
         return true
     }
 
+    /// Handlers that are inside a call that may block (a hung HSM call stays counted).
+    public var blockingCallsInProgress: Int {
+        connections.withLock { $0.values.reduce(0) { $0 + ($1.blockingCall.withLock { $0 == nil } ? 0 : 1) } }
+    }
+
     /// Stops every thread and closes every connection (`MHD_stop_daemon`).
+    ///
+    /// `MHD_stop_daemon` joins every connection thread, and a thread inside
+    /// a hung PKCS#11 call may never return: with such a call left, the
+    /// daemon object is left running (it no longer accepts after
+    /// ``stopAccepting()``) and this server stays allocated for its
+    /// callbacks, so that the caller can exit.
     public func stop() {
         reaperRunning.store(false, ordering: .releasing)
-        workQueue?.stop()
-        if let daemon {
-            MHD_stop_daemon(daemon)
-            self.daemon = nil
+        watchdogRunning.store(false, ordering: .releasing)
+        guard let daemon else { return }
+        self.daemon = nil
+        let stuck = blockingCallsInProgress
+        if stuck > 0 {
+            logger.warning("http_stop_left_threads", ["calls": .int(Int64(stuck)), "hint": "connection threads inside a hung HSM call cannot be joined"])
+            _ = Unmanaged.passRetained(self)
+            return
         }
+        MHD_stop_daemon(daemon)
     }
 
     // MARK: Slow requests
@@ -287,6 +303,50 @@ public final class HTTPServer: @unchecked Sendable {
                 }
             }
         }
+    }
+
+    // MARK: Hung requests
+
+    private func watchBlockingCalls() {
+        let timeout = options.signTimeoutSeconds
+        let tick = useconds_t(min(100_000, max(10_000, timeout * 1e6 / 10)))
+        while watchdogRunning.load(ordering: .acquiring) {
+            usleep(tick)
+            let now = MonotonicClock.now()
+            // Under the connections lock, as in the reaper: a connection
+            // closed meanwhile has been removed, and our duplicate
+            // descriptor is closed only after that removal.
+            connections.withLock { connections in
+                for connection in connections.values {
+                    let overdue: String? = connection.blockingCall.withLock { call in
+                        guard var current = call, !current.answered, now > current.deadline else { return nil }
+                        current.answered = true
+                        call = current
+                        return current.path
+                    }
+                    guard let path = overdue else { continue }
+                    answerAndClose(connection, with: handler.timedOut(path: path))
+                }
+            }
+            handler.watchdogTick()
+        }
+    }
+
+    /// Writes `response` (with `Connection: close`) on a connection whose
+    /// thread is still inside its handler, then shuts the socket down. The
+    /// thread is not reading or writing the socket meanwhile (the request
+    /// was read in full before the handler ran), and when the handler
+    /// returns its response is dropped and libmicrohttpd closes the
+    /// connection.
+    private func answerAndClose(_ connection: ConnectionState, with response: HTTPResponse) {
+        guard connection.descriptor >= 0 else { return }
+        var head = "HTTP/1.1 \(response.status) \(response.status == 503 ? "Service Unavailable" : "Error")\r\n"
+        head += "Content-Type: \(response.contentType)\r\n"
+        for (name, value) in response.headers { head += "\(name): \(value)\r\n" }
+        head += "Connection: close\r\nContent-Length: \(response.body.count)\r\n\r\n"
+        // A client gone or not reading gets no answer: the shutdown below ends it.
+        _ = UnixConnection.sendAll(Array(head.utf8) + response.body, on: connection.descriptor, blocking: false)
+        shutdown(connection.descriptor, Int32(SHUT_RDWR))
     }
 
     // MARK: libmicrohttpd callbacks
@@ -383,12 +443,6 @@ public final class HTTPServer: @unchecked Sendable {
             return .YES
         }
 
-        if state.suspended {
-            // Resumed by the worker (or the watchdog): send what it left.
-            guard let response = state.pendingResponse.withLock({ $0.take() }) else { return .YES }
-            state.suspended = false
-            return server.queue(response, on: connection)
-        }
         guard !state.answered else { return .YES }
         state.answered = true
         // The request is in: its arrival deadline no longer applies (signing has its own timeout).
@@ -401,21 +455,19 @@ public final class HTTPServer: @unchecked Sendable {
         let contentType = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Type").map { String(cString: $0) }
         let request = HTTPRequest(method: methodName, path: state.path, contentType: contentType, body: state.body, peer: peer)
         state.body = []
-        guard let workQueue = server.workQueue, server.handler.needsWorker(path: state.path) else {
+        guard let owner = state.connection, server.handler.mayBlock(path: state.path) else {
             return server.queue(server.handler.handle(request), on: connection)
         }
-        // Suspend first: a worker may finish and resume before this handler returns.
-        state.suspended = true
-        MHD_suspend_connection(connection)
-        let suspended = SuspendedConnection(pointer: connection)
-        let job = Job(request: request, received: request.receivedAt) { response in
-            state.pendingResponse.withLock { $0 = response }
-            MHD_resume_connection(suspended.pointer)
+        let deadline = request.receivedAt + UInt64(server.options.signTimeoutSeconds * 1e9)
+        owner.blockingCall.withLock { $0 = BlockingCall(path: state.path, deadline: deadline) }
+        let response = server.handler.handle(request)
+        let answeredByWatchdog = owner.blockingCall.withLock { call in
+            defer { call = nil }
+            return call?.answered ?? false
         }
-        if !workQueue.submit(job) {
-            job.complete(server.handler.overloaded(request))
-        }
-        return .YES
+        // The watchdog already sent its 503 on this socket: close the connection.
+        guard !answeredByWatchdog else { return .NO }
+        return server.queue(response, on: connection)
     }
 
     private func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {

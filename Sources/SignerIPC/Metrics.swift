@@ -62,9 +62,9 @@ public final class Metrics: Sendable {
     private static let routes = Route.allCases
     /// `routes.count × commonStatuses.count` counters, route-major.
     private let requestCounters = (0..<(Route.allCases.count * commonStatuses.count)).map { _ in AtomicCounter() }
-    private let otherRequests = Mutex<[RequestKey: UInt64]>([:])
-    private let hsmErrors = Mutex<[String: UInt64]>([:])
-    private let events = Mutex<[String: UInt64]>([:])
+    private let otherRequests = Locked<[RequestKey: UInt64]>([:])
+    private let hsmErrors = Locked<[String: UInt64]>([:])
+    private let events = Locked<[String: UInt64]>([:])
     private static let latencyBounds = [0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10]
     let queueTime = Histogram(bounds: latencyBounds)
     let hsmTime = Histogram(bounds: latencyBounds)

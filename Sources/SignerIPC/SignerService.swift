@@ -38,11 +38,11 @@ public final class SignerService: HTTPHandler, Sendable {
     /// The daemon's counters.
     public let metrics: Metrics
     let logger: Logger
-    private let current: Mutex<SignerConfiguration>
-    private let readiness = Mutex<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64, status: TokenStatus)?>(nil)
-    private let readinessRefresh = Mutex(())
-    private let rateBuckets = Mutex<[UInt32: (tokens: Double, at: UInt64)]>([:])
-    private let groupCache = Mutex<[UInt32: (groups: [UInt32], at: UInt64)]>([:])
+    private let current: Locked<SignerConfiguration>
+    private let readiness = Locked<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64, status: TokenStatus)?>(nil)
+    private let readinessRefresh = Locked(())
+    private let rateBuckets = Locked<[UInt32: (tokens: Double, at: UInt64)]>([:])
+    private let groupCache = Locked<[UInt32: (groups: [UInt32], at: UInt64)]>([:])
     private let ownUID = getuid()
     /// `sign_timeout_ms` at start, in seconds (the request deadline is fixed at start too).
     private let signTimeoutSeconds: Double
@@ -54,7 +54,7 @@ public final class SignerService: HTTPHandler, Sendable {
     ///   - logger: request-independent events (forbidden peers, verification failures).
     ///   - metrics: where counters go.
     public init(configuration: SignerConfiguration, token: HSMToken, logger: Logger, metrics: Metrics = Metrics()) {
-        self.current = Mutex(configuration)
+        self.current = Locked(configuration)
         self.signTimeoutSeconds = Double(configuration.signTimeoutMs) / 1000
         self.token = token
         self.logger = logger
@@ -152,42 +152,29 @@ public final class SignerService: HTTPHandler, Sendable {
         return nil
     }
 
-    /// True for every route but `/healthz` and `/metrics`, which are answered
-    /// on the HTTP thread; false for an unknown path (a 404).
+    /// True for every route but `/healthz` and `/metrics` (which never wait
+    /// for the HSM); false for an unknown path (a 404).
     /// - Parameter path: the request path.
-    /// - Returns: whether the request runs on a worker thread.
-    public func needsWorker(path: String) -> Bool {
+    /// - Returns: whether the request may block in PKCS#11 and so runs under `sign_timeout_ms`.
+    public func mayBlock(path: String) -> Bool {
         Route(rawValue: path).map { $0 != .healthz && $0 != .metrics } ?? false
     }
 
     /// 503 `hsm_unavailable` with `Retry-After: 1` for a request not answered
-    /// within `sign_timeout_ms`; counted as the HSM error `sign_timeout`
-    /// (it was being signed) or `queue_timeout` (it never reached a worker).
-    /// - Parameters:
-    ///   - request: the request that timed out.
-    ///   - running: whether a worker was running it.
+    /// within `sign_timeout_ms` of its arrival (waiting for a PKCS#11
+    /// session or inside a PKCS#11 call); counted as the HSM error
+    /// `sign_timeout`. The token is marked down, so that new signing
+    /// requests fail fast while recovery checks it (a hung `C_Sign` is also
+    /// written off by ``watchdogTick()``; a hung `C_FindObjects`, `C_Login`
+    /// or `C_OpenSession` is not).
+    /// - Parameter path: the request path.
     /// - Returns: the error response.
-    public func timedOut(_ request: HTTPRequest, running: Bool) -> HTTPResponse {
-        var error = running
-            ? APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; a call hung in the module is written off and its session quarantined")
-            : APIError(.hsmUnavailable, "the request waited longer than sign_timeout_ms for a free worker")
+    public func timedOut(path: String) -> HTTPResponse {
+        var error = APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; a call hung in the module is written off and its session quarantined")
         error.retryAfter = 1
-        metrics.countHSMError(running ? "sign_timeout" : "queue_timeout")
-        if running {
-            // Stuck in some call (C_Sign is written off by watchdogTick; C_FindObjects,
-            // C_Login or C_OpenSession are not): fail fast while recovery checks the token.
-            token.markDown(reason: "call_timeout", reinitialize: false)
-        }
-        return respond(.failure(error), route: Route(rawValue: request.path))
-    }
-
-    /// 503 `hsm_unavailable` with `Retry-After: 1` when the worker queue is full.
-    /// - Parameter request: the request that was turned away.
-    /// - Returns: the error response.
-    public func overloaded(_ request: HTTPRequest) -> HTTPResponse {
-        var error = APIError(.hsmUnavailable, "too many requests are waiting for the HSM; retry shortly")
-        error.retryAfter = 1
-        return respond(.failure(error), route: Route(rawValue: request.path))
+        metrics.countHSMError("sign_timeout")
+        token.markDown(reason: "call_timeout", reinitialize: false)
+        return respond(.failure(error), route: Route(rawValue: path))
     }
 
     /// Writes off `C_Sign` calls that have been inside the module longer

@@ -108,14 +108,15 @@ func runDaemon() -> Never {
     }
     let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
     var serverOptions = HTTPServerOptions()
-    serverOptions.threads = configuration.effectiveHTTPThreads
     serverOptions.connectionLimit = configuration.maxConnections
     serverOptions.idleTimeoutSeconds = configuration.idleTimeoutSeconds
     serverOptions.requestTimeoutSeconds = Double(configuration.requestTimeoutSeconds)
     serverOptions.maxBodyBytes = configuration.maxBodyBytes
     serverOptions.maxHeaderBytes = configuration.maxHeaderBytes
-    serverOptions.workers = token.sessionCapacity
-    serverOptions.workerTimeoutSeconds = Double(configuration.signTimeoutMs) / 1000
+    serverOptions.signTimeoutSeconds = Double(configuration.signTimeoutMs) / 1000
+    if configuration.httpThreads != nil {
+        logger.warning("config_option_ignored", ["option": "http_threads", "hint": "each connection has its own thread; remove http_threads from the file"])
+    }
     let server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: metrics)
     do {
         try server.start()
@@ -140,7 +141,7 @@ func runDaemon() -> Never {
     }
     logger.notice("signerd_ready", [
         "socket.path": .string(listeningPath), "socket.activated": .bool(socketActivated), "token.label": .string(token.label),
-        "keys": .int(Int64(configuration.keys.count)), "http.threads": .int(Int64(serverOptions.threads)),
+        "keys": .int(Int64(configuration.keys.count)),
         "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())),
     ])
 

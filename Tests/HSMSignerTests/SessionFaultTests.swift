@@ -15,9 +15,9 @@ struct SessionFaultTests {
         let keyID = "FAULT00001"
     }
 
-    static func setUp(_ name: String, faults: FaultInjector = FaultInjector()) throws -> Setup {
+    static func setUp(_ name: String, faults: FaultInjector = FaultInjector(), poolSize: Int = 2) throws -> Setup {
         let token = try SoftHSMFixture.shared.makeToken(name)
-        let hsm = try TokenTests.open(token, poolSize: 2, interposer: faults)
+        let hsm = try TokenTests.open(token, poolSize: poolSize, interposer: faults)
         let files = try TestKeyFiles.make()
         _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "FAULT00001", replace: false)
         return Setup(hsm: hsm, faults: faults, publicKey: try ECPublicKey(pem: files.publicKeyPEM))

@@ -27,7 +27,7 @@ public final class InProcessDaemon: @unchecked Sendable {
 
     /// - Parameters:
     ///   - signTimeoutMs: `sign_timeout_ms`.
-    ///   - sessions: `session_pool_size` (and workers).
+    ///   - sessions: `session_pool_size`.
     public init(signTimeoutMs: Int = 1000, sessions: Int = 4) throws {
         let made = try SoftHSMFixture.shared.makeToken("daemon")
         directory = TemporaryDirectory.make(prefix: "signerd-inproc")
@@ -57,9 +57,7 @@ public final class InProcessDaemon: @unchecked Sendable {
         service = SignerService(configuration: config, token: token, logger: logger)
         let listener = try UnixListener.bind(path: socketPath, mode: 0o600, group: nil)
         var serverOptions = HTTPServerOptions()
-        serverOptions.threads = 2
-        serverOptions.workers = token.sessionCapacity
-        serverOptions.workerTimeoutSeconds = Double(signTimeoutMs) / 1000
+        serverOptions.signTimeoutSeconds = Double(signTimeoutMs) / 1000
         server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: service.metrics)
         try server.start()
     }
