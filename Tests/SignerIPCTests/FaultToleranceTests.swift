@@ -2,6 +2,7 @@ import Foundation
 import HSMSigner
 import SignerIPC
 import TestSupport
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -161,6 +162,45 @@ struct FaultToleranceTests {
         #expect(daemon.logged("sign_call_quarantined") == 1)
         #expect(daemon.token.callsInModule == 1, "the hung call is still inside the module, on a quarantined session")
         try expectHealthy(daemon)
+    }
+
+    @Test("every session stuck in a hung C_Sign: /healthz and /metrics still answer at once; each hung request gets 503 with Connection: close at sign_timeout_ms")
+    func everySessionHung() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 1000, sessions: 2)
+        defer { daemon.stop() }
+        daemon.faults.hang(.sign, seconds: 3, count: 2)
+        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
+        let answers = Mutex<[(status: Int, connection: String?, code: String?, seconds: Double)]>([])
+        let done = DispatchGroup()
+        for _ in 0..<2 {
+            done.enter()
+            OSThread.start {
+                let client = SignerClient(socketPath: daemon.socketPath)
+                let started = MonotonicClock.now()
+                if let response = try? client.send("POST", "/v1/sign/promotional-offer", body: body) {
+                    let seconds = Double(MonotonicClock.now() - started) / 1e9
+                    answers.withLock { $0.append((response.status, response.headers["connection"], response.error?.code, seconds)) }
+                }
+                done.leave()
+            }
+        }
+        usleep(300_000)  // both sessions are now inside the hung C_Sign
+        let probe = SignerClient(socketPath: daemon.socketPath, timeout: 2)
+        let asked = MonotonicClock.now()
+        #expect(try probe.send("GET", "/healthz").status == 200)
+        #expect(try probe.send("GET", "/metrics").status == 200)
+        let probeSeconds = Double(MonotonicClock.now() - asked) / 1e9
+        #expect(probeSeconds < 0.5, "health and metrics took \(probeSeconds) s while the HSM hung")
+        #expect(done.wait(timeout: .now() + 5) == .success, "the hung requests were answered before their calls returned")
+        let got = answers.withLock { $0 }
+        #expect(got.count == 2)
+        for answer in got {
+            #expect(answer.status == 503)
+            #expect(answer.code == "hsm_unavailable")
+            #expect(answer.connection?.lowercased() == "close")
+            #expect(answer.seconds >= 0.9 && answer.seconds < 3, "answered after \(answer.seconds) s (sign_timeout_ms 1000)")
+        }
+        print("FAULT-OUTCOME every session hung: /healthz + /metrics answered in \(String(format: "%.3f", probeSeconds)) s; hung requests answered \(got.map { "\($0.status) after \(String(format: "%.2f", $0.seconds)) s" })")
     }
 
     @Test("CKR_PIN_INCORRECT on login: exactly one C_Login however many requests arrive; readiness says why; a reload with the right PIN recovers")
