@@ -204,7 +204,67 @@ public struct FieldReader {
         guard case .object(let members) = value else {
             throw APIError(.invalidJSON, "the request body is \(value.kind); send one JSON object")
         }
+        if let name = Self.repeatedMemberName(in: body) {
+            throw APIError(.invalidJSON, "the member \"\(name)\" appears more than once in one object; send each field once (which value to sign would be ambiguous)", field: name)
+        }
         try self.init(members: members, path: "", allowed: allowed)
+    }
+
+    /// The first member name that appears twice in the same object anywhere
+    /// in `body`, or nil. RFC 8259 §4 leaves repeated names to the parser,
+    /// and Foundation's keeps the last value, so
+    /// `{"offer_id":"a","offer_id":"b"}` would be signed for `b` without a
+    /// word. Names are compared after their escapes are decoded. Runs after
+    /// the parser accepted `body`, but stays in bounds on any input.
+    static func repeatedMemberName(in body: [UInt8]) -> String? {
+        let quote = UInt8(ascii: "\""), backslash = UInt8(ascii: "\\")
+        // One entry per open object (its names so far) or array (nil).
+        var open: [Set<String>?] = []
+        var previous: UInt8 = 0  // the last structural byte outside strings
+        var index = 0
+        while index < body.count {
+            let byte = body[index]
+            switch byte {
+            case quote:
+                let start = index + 1
+                var end = start
+                var escaped = false
+                while end < body.count && body[end] != quote {
+                    if body[end] == backslash { escaped = true; end += 1 }
+                    end += 1
+                }
+                index = end
+                let inObject = open.last.map { $0 != nil } ?? false
+                let isName = inObject && (previous == UInt8(ascii: "{") || previous == UInt8(ascii: ","))
+                previous = quote
+                guard isName else { break }
+                let raw = body[start..<min(end, body.count)]
+                let name = escaped ? Self.decodedString(raw) : String(decoding: raw, as: UTF8.self)
+                // In place (no copy of the set per name): the innermost object is non-nil here.
+                if !open[open.count - 1]!.insert(name).inserted { return name }
+            case UInt8(ascii: "{"):
+                open.append(Set<String>())
+                previous = byte
+            case UInt8(ascii: "["):
+                open.append(nil)
+                previous = byte
+            case UInt8(ascii: "}"), UInt8(ascii: "]"):
+                if !open.isEmpty { open.removeLast() }
+                previous = byte
+            case UInt8(ascii: ","), UInt8(ascii: ":"):
+                previous = byte
+            default:
+                break  // whitespace, numbers, true, false, null
+            }
+            index += 1
+        }
+        return nil
+    }
+
+    /// A JSON string's content with its escapes decoded (by JSONSerialization).
+    private static func decodedString(_ raw: ArraySlice<UInt8>) -> String {
+        let literal = [UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")]
+        return (try? JSONSerialization.jsonObject(with: Data(literal), options: .fragmentsAllowed) as? String) ?? String(decoding: raw, as: UTF8.self)
     }
 
     /// Reads an object nested in another request.

@@ -118,6 +118,11 @@ struct BadInputTests {
             #expect(response.status == 400, "\(text)")
             #expect(response.error?.code == "invalid_json", "\(text)")
         }
+        // A member named twice would otherwise be signed with its last value.
+        let repeated = try client.send("POST", Self.offer, body: Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"a","offer_id":"b"}"#.utf8))
+        #expect(repeated.status == 400)
+        #expect(repeated.error?.code == "invalid_json")
+        #expect(repeated.error?.field == "offer_id")
         let text = try client.send("POST", Self.offer, body: body(Self.base), contentType: "text/plain")
         #expect(text.status == 415)
         #expect(text.error?.code == "unsupported_media_type")
