@@ -177,8 +177,7 @@ public final class HTTPServer: @unchecked Sendable {
     private let processing = Atomic<Int>(0)
     /// Set when draining: responses carry `Connection: close`.
     let draining = Atomic<Bool>(false)
-    private let reaperRunning = Atomic<Bool>(false)
-    private let watchdogRunning = Atomic<Bool>(false)
+    private let supervising = Atomic<Bool>(false)
 
     /// Prepares a server on an already listening socket (from ``UnixListener`` or systemd).
     /// - Parameters:
@@ -202,7 +201,8 @@ public final class HTTPServer: @unchecked Sendable {
     public var requestsInProgress: Int { processing.load(ordering: .relaxed) }
 
     /// Starts libmicrohttpd's listening thread (connection threads follow
-    /// connections), the slow-request reaper and the signing watchdog.
+    /// connections) and the thread that drops slow requests and answers
+    /// hung ones.
     /// - Throws: ``SocketError`` when `MHD_start_daemon` fails.
     public func start() throws(SocketError) {
         var settings = CSignerShim_mhd_options()
@@ -228,10 +228,8 @@ public final class HTTPServer: @unchecked Sendable {
             throw SocketError("libmicrohttpd could not start on the listening socket")
         }
         daemon = started
-        reaperRunning.store(true, ordering: .releasing)
-        OSThread.start { [self] in reapSlowRequests() }
-        watchdogRunning.store(true, ordering: .releasing)
-        OSThread.start { [self] in watchBlockingCalls() }
+        supervising.store(true, ordering: .releasing)
+        OSThread.start { [self] in superviseConnections() }
     }
 
     /// Stops accepting new connections (`MHD_quiesce_daemon`); open ones are still served.
@@ -254,7 +252,7 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     /// Handlers that are inside a call that may block (a hung HSM call stays counted).
-    public var blockingCallsInProgress: Int {
+    private var blockingCallsInProgress: Int {
         connections.withLock { $0.values.reduce(0) { $0 + ($1.blockingCall.withLock { $0 == nil } ? 0 : 1) } }
     }
 
@@ -266,8 +264,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// ``stopAccepting()``) and this server stays allocated for its
     /// callbacks, so that the caller can exit.
     public func stop() {
-        reaperRunning.store(false, ordering: .releasing)
-        watchdogRunning.store(false, ordering: .releasing)
+        supervising.store(false, ordering: .releasing)
         guard let daemon else { return }
         self.daemon = nil
         let stuck = blockingCallsInProgress
@@ -279,57 +276,61 @@ public final class HTTPServer: @unchecked Sendable {
         MHD_stop_daemon(daemon)
     }
 
-    // MARK: Slow requests
+    // MARK: Slow and hung requests
 
-    private func reapSlowRequests() {
-        let limit = UInt64(options.requestTimeoutSeconds * 1e9)
-        while reaperRunning.load(ordering: .acquiring) {
-            usleep(250_000)
+    /// One thread, one pass over the connections per tick (under the
+    /// connections lock: a connection closed meanwhile has been removed, and
+    /// our duplicate descriptor is closed only after that removal). Hung
+    /// requests are checked every tick (100 ms, or a tenth of the signing
+    /// timeout when that is under 1 s, but no more often than every 10 ms);
+    /// slow ones at least every 250 ms.
+    private func superviseConnections() {
+        let tick = UInt64(min(100_000, max(10_000, options.signTimeoutSeconds * 1e6 / 10))) * 1_000
+        let reapInterval: UInt64 = 250_000_000
+        let slowLimit = UInt64(options.requestTimeoutSeconds * 1e9)
+        var lastReap = MonotonicClock.now()
+        while supervising.load(ordering: .acquiring) {
+            usleep(useconds_t(tick / 1_000))
             let now = MonotonicClock.now()
+            let reap = now + tick > lastReap + reapInterval  // so never more than 250 ms apart
+            if reap { lastReap = now }
             connections.withLock { connections in
                 for connection in connections.values {
-                    let started = connection.requestStarted.load(ordering: .acquiring)
-                    guard started != 0, now > started + limit, !connection.dropped.load(ordering: .relaxed) else { continue }
-                    connection.dropped.store(true, ordering: .relaxed)
-                    // Our own duplicate descriptor: shutting it down ends the
-                    // socket for libmicrohttpd too, and its number cannot
-                    // have been reused since we hold it open.
-                    shutdown(connection.descriptor, Int32(SHUT_RDWR))
-                    metrics?.count("dropped_slow_requests")
-                    logger.warning("slow_request_dropped", [
-                        "peer.uid": .int(Int64(connection.peer?.uid ?? 0)), "peer.pid": .int(Int64(connection.peer?.pid ?? 0)),
-                        "limit.seconds": .double(options.requestTimeoutSeconds),
-                    ])
-                }
-            }
-        }
-    }
-
-    // MARK: Hung requests
-
-    private func watchBlockingCalls() {
-        let timeout = options.signTimeoutSeconds
-        let tick = useconds_t(min(100_000, max(10_000, timeout * 1e6 / 10)))
-        while watchdogRunning.load(ordering: .acquiring) {
-            usleep(tick)
-            let now = MonotonicClock.now()
-            // Under the connections lock, as in the reaper: a connection
-            // closed meanwhile has been removed, and our duplicate
-            // descriptor is closed only after that removal.
-            connections.withLock { connections in
-                for connection in connections.values {
-                    let overdue: String? = connection.blockingCall.withLock { call in
-                        guard var current = call, !current.answered, now > current.deadline else { return nil }
-                        current.answered = true
-                        call = current
-                        return current.path
-                    }
-                    guard let path = overdue else { continue }
-                    answerAndClose(connection, with: handler.timedOut(path: path))
+                    if reap { dropIfSlow(connection, now: now, limit: slowLimit) }
+                    answerIfHung(connection, now: now)
                 }
             }
             handler.watchdogTick()
         }
+    }
+
+    /// Shuts down a connection whose request is still arriving `limit`
+    /// nanoseconds after its request line.
+    private func dropIfSlow(_ connection: ConnectionState, now: UInt64, limit: UInt64) {
+        let started = connection.requestStarted.load(ordering: .acquiring)
+        guard started != 0, now > started + limit, !connection.dropped.load(ordering: .relaxed) else { return }
+        connection.dropped.store(true, ordering: .relaxed)
+        // Our own duplicate descriptor: shutting it down ends the socket for
+        // libmicrohttpd too, and its number cannot have been reused since we
+        // hold it open.
+        shutdown(connection.descriptor, Int32(SHUT_RDWR))
+        metrics?.count("dropped_slow_requests")
+        logger.warning("slow_request_dropped", [
+            "peer.uid": .int(Int64(connection.peer?.uid ?? 0)), "peer.pid": .int(Int64(connection.peer?.pid ?? 0)),
+            "limit.seconds": .double(options.requestTimeoutSeconds),
+        ])
+    }
+
+    /// Answers a request still in a blocking handler past its deadline.
+    private func answerIfHung(_ connection: ConnectionState, now: UInt64) {
+        let overdue: String? = connection.blockingCall.withLock { call in
+            guard var current = call, !current.answered, now > current.deadline else { return nil }
+            current.answered = true
+            call = current
+            return current.path
+        }
+        guard let path = overdue else { return }
+        answerAndClose(connection, with: handler.timedOut(path: path))
     }
 
     /// Writes `response` (with `Connection: close`) on a connection whose
