@@ -83,6 +83,14 @@ public protocol HTTPHandler: Sendable {
     /// Called by the request watchdog a few times a second (the application
     /// writes off calls that hang there).
     func watchdogTick()
+    /// Called once for each response the server sends: queued with
+    /// libmicrohttpd, or written on the socket by the watchdog. A handler's
+    /// response that is dropped because the watchdog already answered is
+    /// not reported, so a request is never counted twice.
+    /// - Parameters:
+    ///   - status: the HTTP status sent.
+    ///   - path: the request path.
+    func sent(status: Int, path: String)
 }
 
 /// Limits of the server. Each connection has its own thread
@@ -330,7 +338,9 @@ public final class HTTPServer: @unchecked Sendable {
             return current.path
         }
         guard let path = overdue else { return }
-        answerAndClose(connection, with: handler.timedOut(path: path))
+        let response = handler.timedOut(path: path)
+        answerAndClose(connection, with: response)
+        handler.sent(status: response.status, path: path)
     }
 
     /// Writes `response` (with `Connection: close`) on a connection whose
@@ -424,11 +434,11 @@ public final class HTTPServer: @unchecked Sendable {
             let contentLength = lengthHeader.flatMap { Int($0) }
             if let early = server.handler.preflight(method: methodName, path: state.path, contentType: contentType, contentLength: contentLength, peer: peer) {
                 state.answered = true
-                return server.queue(early, on: connection)
+                return server.queue(early, path: state.path, on: connection)
             }
             if let contentLength, contentLength > server.options.maxBodyBytes {
                 state.answered = true
-                return server.queue(server.handler.payloadTooLarge(path: state.path, limit: server.options.maxBodyBytes), on: connection)
+                return server.queue(server.handler.payloadTooLarge(path: state.path, limit: server.options.maxBodyBytes), path: state.path, on: connection)
             }
             return .YES
         }
@@ -452,7 +462,7 @@ public final class HTTPServer: @unchecked Sendable {
         // The request is in: its arrival deadline no longer applies (signing has its own timeout).
         state.connection?.requestStarted.store(0, ordering: .releasing)
         if state.tooLarge {
-            return server.queue(server.handler.payloadTooLarge(path: state.path, limit: server.options.maxBodyBytes), on: connection)
+            return server.queue(server.handler.payloadTooLarge(path: state.path, limit: server.options.maxBodyBytes), path: state.path, on: connection)
         }
         state.processing = true
         server.processing.add(1, ordering: .acquiringAndReleasing)
@@ -460,7 +470,7 @@ public final class HTTPServer: @unchecked Sendable {
         let request = HTTPRequest(method: methodName, path: state.path, contentType: contentType, body: state.body, peer: peer)
         state.body = []
         guard let owner = state.connection, server.handler.mayBlock(path: state.path) else {
-            return server.queue(server.handler.handle(request), on: connection)
+            return server.queue(server.handler.handle(request), path: state.path, on: connection)
         }
         let deadline = request.receivedAt + UInt64(server.options.signTimeoutSeconds * 1e9)
         owner.blockingCall.withLock { $0 = BlockingCall(path: state.path, deadline: deadline) }
@@ -471,10 +481,12 @@ public final class HTTPServer: @unchecked Sendable {
         }
         // The watchdog already sent its 503 on this socket: close the connection.
         guard !answeredByWatchdog else { return .NO }
-        return server.queue(response, on: connection)
+        return server.queue(response, path: state.path, on: connection)
     }
 
-    private func queue(_ response: HTTPResponse, on connection: OpaquePointer) -> MHD_Result {
+    /// Hands `response` to libmicrohttpd and reports it to the handler.
+    private func queue(_ response: HTTPResponse, path: String, on connection: OpaquePointer) -> MHD_Result {
+        handler.sent(status: response.status, path: path)
         let created: OpaquePointer? = response.body.withUnsafeBytes { bytes in
             MHD_create_response_from_buffer(bytes.count, UnsafeMutableRawPointer(mutating: bytes.baseAddress), .RESPMEM_MUST_COPY)
         }

@@ -125,28 +125,28 @@ public final class SignerService: HTTPHandler, Sendable {
         guard isAllowed(peer, config) else {
             metrics.count("forbidden")
             logger.warning("peer_forbidden", ["peer.uid": .int(Int64(peer.uid)), "peer.gid": .int(Int64(peer.gid)), "peer.pid": .int(Int64(peer.pid)), "http.path": .string(path)])
-            return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")), route: route)
+            return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")))
         }
         guard let route else {
-            return respond(.failure(APIError(.notFound, "no endpoint at \(path); see docs/API.md")), route: route)
+            return respond(.failure(APIError(.notFound, "no endpoint at \(path); see docs/API.md")))
         }
         guard method == route.method else {
-            var response = respond(.failure(APIError(.methodNotAllowed, "\(path) accepts \(route.method), not \(method)")), route: route)
+            var response = respond(.failure(APIError(.methodNotAllowed, "\(path) accepts \(route.method), not \(method)")))
             response.headers.append(("Allow", route.method))
             return response
         }
         if let limited = rateLimit(peer, config) {
-            return respond(.failure(limited), route: route)
+            return respond(.failure(limited))
         }
         // While the token is down, signing requests fail fast instead of queueing.
         if route.method == "POST", case .down(let reason) = token.status {
             var error = APIError(.hsmUnavailable, "the HSM is unavailable (\(reason)); recovery is running")
             error.retryAfter = 1
-            return respond(.failure(error), route: route)
+            return respond(.failure(error))
         }
         if route.method == "POST" {
             guard let contentType, Self.isJSON(contentType) else {
-                return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentType ?? "none")")), route: route)
+                return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentType ?? "none")")))
             }
         }
         return nil
@@ -174,7 +174,7 @@ public final class SignerService: HTTPHandler, Sendable {
         error.retryAfter = 1
         metrics.countHSMError("sign_timeout")
         token.markDown(reason: "call_timeout", reinitialize: false)
-        return respond(.failure(error), route: Route(rawValue: path))
+        return respond(.failure(error))
     }
 
     /// Writes off `C_Sign` calls that have been inside the module longer
@@ -201,18 +201,19 @@ public final class SignerService: HTTPHandler, Sendable {
     ///   - limit: the largest body accepted, in bytes.
     /// - Returns: the error response.
     public func payloadTooLarge(path: String, limit: Int) -> HTTPResponse {
-        respond(.failure(APIError(.payloadTooLarge, "the request body is over \(limit) bytes")), route: Route(rawValue: path))
+        respond(.failure(APIError(.payloadTooLarge, "the request body is over \(limit) bytes")))
     }
 
     /// Answers a complete request: `/healthz` (`{"status":"ok"}`), `/readyz`
     /// (200, or 503 with `Retry-After: 5`), `/metrics` (Prometheus text format
     /// 0.0.4), `/v1/keys`, and the signing endpoints; a failure becomes the
-    /// contract's JSON error body. Every response is counted by endpoint and status.
+    /// contract's JSON error body. The server counts each response it sends
+    /// (``sent(status:path:)``).
     /// - Parameter request: the request, body read in full.
     /// - Returns: the response.
     public func handle(_ request: HTTPRequest) -> HTTPResponse {
         guard let route = Route(rawValue: request.path) else {
-            return respond(.failure(APIError(.notFound, "no endpoint at \(request.path)")), route: nil)
+            return respond(.failure(APIError(.notFound, "no endpoint at \(request.path)")))
         }
         let config = configuration
         let result: Result<HTTPResponse, APIError>
@@ -238,18 +239,25 @@ public final class SignerService: HTTPHandler, Sendable {
         case .promotionalOfferV2, .introductoryOfferEligibility, .advancedCommerceRequest, .serverAPIToken:
             result = Result { () throws(APIError) in try signJWS(route, request, config) }
         }
-        return respond(result, route: route)
+        return respond(result)
     }
 
-    /// The response for `result`, counted under `route` (nil: an unknown path, counted as `other`).
-    private func respond(_ result: Result<HTTPResponse, APIError>, route: Route?) -> HTTPResponse {
-        let response: HTTPResponse
+    /// The response for `result`. Not counted here: the server reports
+    /// each response it sends through ``sent(status:path:)``.
+    private func respond(_ result: Result<HTTPResponse, APIError>) -> HTTPResponse {
         switch result {
-        case .success(let value): response = value
-        case .failure(let error): response = HTTPResponse(error: error)
+        case .success(let value): value
+        case .failure(let error): HTTPResponse(error: error)
         }
-        metrics.countRequest(route: route, status: response.status)
-        return response
+    }
+
+    /// Counts a response sent in `signerd_requests_total`, by endpoint (an
+    /// unknown path as `other`) and status.
+    /// - Parameters:
+    ///   - status: the HTTP status sent.
+    ///   - path: the request path.
+    public func sent(status: Int, path: String) {
+        metrics.countRequest(route: Route(rawValue: path), status: status)
     }
 
     private static let healthyBody = Array(#"{"status":"ok"}"#.utf8)

@@ -200,6 +200,12 @@ struct FaultToleranceTests {
             #expect(answer.connection?.lowercased() == "close")
             #expect(answer.seconds >= 0.9 && answer.seconds < 3, "answered after \(answer.seconds) s (sign_timeout_ms 1000)")
         }
+        // The hung calls return at 3 s and their handlers finish; their late
+        // responses are dropped and must not be counted a second time.
+        usleep(UInt32(max(0, 3.6 - Double(MonotonicClock.now() - asked) / 1e9 - 0.3) * 1e6))
+        let text = String(decoding: try probe.send("GET", "/metrics").body, as: UTF8.self)
+        let counted = text.split(separator: "\n").filter { $0.hasPrefix(#"signerd_requests_total{endpoint="/v1/sign/promotional-offer""#) }
+        #expect(counted == [#"signerd_requests_total{endpoint="/v1/sign/promotional-offer",status="503"} 2"#], "\(counted)")
         print("FAULT-OUTCOME every session hung: /healthz + /metrics answered in \(String(format: "%.3f", probeSeconds)) s; hung requests answered \(got.map { "\($0.status) after \(String(format: "%.2f", $0.seconds)) s" })")
     }
 
