@@ -97,7 +97,25 @@ public enum JSONValue: Sendable, Equatable, Codable {
     /// Converts what `JSONSerialization` returns. `true`/`false` come back
     /// as NSNumbers whose `objCType` is `c`; other numbers are integers
     /// unless their type is floating point.
+    /// - Parameter value: a value from `JSONSerialization.jsonObject(with:)`.
+    /// - Returns: nil for a type JSON does not have, or a number that has no
+    ///   exact ``integer(_:)`` or ``number(_:)`` form (see
+    ///   ``init(foundation:path:)``, which names it).
     public init?(foundation value: Any) {
+        guard let converted = try? JSONValue(foundation: value, path: "") else { return nil }
+        self = converted
+    }
+
+    /// As ``init(foundation:)``, refusing numbers that would change: an
+    /// integer beyond `Int64` (Foundation returns `UInt64` up to 2⁶⁴ − 1 and
+    /// `NSDecimalNumber` beyond), or a number only `NSDecimalNumber` holds,
+    /// would otherwise be signed as a different value.
+    /// - Parameters:
+    ///   - value: a value from `JSONSerialization.jsonObject(with:)`.
+    ///   - path: where `value` sits, for errors (`request.price`; empty at the top).
+    /// - Throws: ``APIError`` `invalid_field` naming the member that holds such
+    ///   a number; `invalid_json` for a type JSON does not have.
+    public init(foundation value: Any, path: String) throws(APIError) {
         // Containers first: testing a Swift dictionary `as NSNumber` or
         // `as String` bridges the whole dictionary to NSDictionary (measured:
         // a third of the request's parsing cost).
@@ -106,30 +124,53 @@ public enum JSONValue: Sendable, Equatable, Codable {
             var members: [String: JSONValue] = [:]
             members.reserveCapacity(object.count)
             for (key, member) in object {
-                guard let converted = JSONValue(foundation: member) else { return nil }
-                members[key] = converted
+                members[key] = try JSONValue(foundation: member, path: path.isEmpty ? key : "\(path).\(key)")
             }
             self = .object(members)
         case let array as [Any]:
             var values: [JSONValue] = []
             values.reserveCapacity(array.count)
-            for element in array {
-                guard let converted = JSONValue(foundation: element) else { return nil }
-                values.append(converted)
+            for (index, element) in array.enumerated() {
+                values.append(try JSONValue(foundation: element, path: "\(path)[\(index)]"))
             }
             self = .array(values)
         case let text as String:
             self = .string(text)
+        case let decimal as NSDecimalNumber:
+            // Beyond what Int64 and Double hold; kept only when it is an Int64 after all (−2⁶³).
+            let integer = decimal.int64Value
+            guard decimal.compare(NSDecimalNumber(value: integer)) == .orderedSame else {
+                throw JSONValue.inexact(decimal.stringValue, path: path)
+            }
+            self = .integer(integer)
         case let number as NSNumber:
             switch String(cString: number.objCType) {
             case "c", "B": self = .bool(number.boolValue)
             case "d", "f": self = .number(number.doubleValue)
+            case "Q", "L", "I", "S":
+                guard number.uint64Value <= UInt64(Int64.max) else {
+                    throw JSONValue.inexact(number.stringValue, path: path)
+                }
+                self = .integer(Int64(number.uint64Value))
             default: self = .integer(number.int64Value)
             }
         case is NSNull:
             self = .null
         default:
-            return nil
+            throw APIError(.invalidJSON, "the request body holds a value JSON does not have")
+        }
+    }
+
+    private static func inexact(_ text: String, path: String) -> APIError {
+        APIError(.invalidField, "\(path.isEmpty ? "the value" : path) is \(text), beyond the numbers signerd signs exactly: integers from −9223372036854775808 to 9223372036854775807, or numbers a double holds", field: path.isEmpty ? nil : path)
+    }
+
+    /// How many members all objects in the value hold together.
+    var memberCount: Int {
+        switch self {
+        case .object(let members): members.count + members.values.reduce(0) { $0 + $1.memberCount }
+        case .array(let values): values.reduce(0) { $0 + $1.memberCount }
+        default: 0
         }
     }
 
@@ -191,35 +232,112 @@ public struct FieldReader {
     private let path: String
 
     /// Parses `body` as one JSON object whose members must all be in `allowed`.
+    ///
+    /// The body must be UTF-8 (RFC 8259 §8.1): Foundation's parser would
+    /// also take UTF-16 and UTF-32, which the repeated-name check below
+    /// cannot read. A member name given twice in one object is refused
+    /// (RFC 8259 §4 leaves it to the parser, which keeps the last value).
     /// - Parameters:
     ///   - body: UTF-8 JSON bytes.
     ///   - allowed: the field names the request may carry.
-    /// - Throws: ``APIError`` `invalid_json`, or `unknown_field` naming the first unknown member.
+    /// - Throws: ``APIError`` `invalid_json` (not UTF-8, not JSON, not an
+    ///   object, a repeated member name), `invalid_field` for a number that
+    ///   would change (``JSONValue/init(foundation:path:)``), or
+    ///   `unknown_field` naming the first unknown member.
     public init(json body: [UInt8], allowed: Set<String>) throws(APIError) {
+        if let problem = Self.notUTF8(body) {
+            throw APIError(.invalidJSON, "the request body is not UTF-8 (\(problem)); send one JSON object encoded as UTF-8 (RFC 8259 §8.1)")
+        }
         // Foundation's JSONSerialization: a third of JSONDecoder's cost for
         // an untyped tree (measured: 8 µs against 68 µs for a request).
-        guard let parsed = try? JSONSerialization.jsonObject(with: Data(body)), let value = JSONValue(foundation: parsed) else {
+        guard let parsed = try? JSONSerialization.jsonObject(with: Data(body)) else {
             throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259); send one JSON object")
         }
+        let value = try JSONValue(foundation: parsed, path: "")
         guard case .object(let members) = value else {
             throw APIError(.invalidJSON, "the request body is \(value.kind); send one JSON object")
         }
-        if let name = Self.repeatedMemberName(in: body) {
-            throw APIError(.invalidJSON, "the member \"\(name)\" appears more than once in one object; send each field once (which value to sign would be ambiguous)", field: name)
+        // The parser merges a repeated name into one member, so the tree
+        // has fewer members than the text has names exactly when some
+        // object repeats one, however the names were escaped.
+        if value.memberCount != Self.memberNameCount(in: body) {
+            let name = Self.repeatedMemberName(in: body)
+            throw APIError(.invalidJSON, "the member \(name.map { "\"\($0)\"" } ?? "name") appears more than once in one object; send each field once (which value to sign would be ambiguous)", field: name)
         }
         try self.init(members: members, path: "", allowed: allowed)
     }
 
+    /// Why `body` is not UTF-8 JSON text, or nil: a byte-order mark, a NUL
+    /// byte (never valid in JSON text, and present in any UTF-16 or UTF-32
+    /// encoding of `{`), or an invalid UTF-8 sequence.
+    static func notUTF8(_ body: [UInt8]) -> String? {
+        if body.starts(with: [0xEF, 0xBB, 0xBF]) || body.starts(with: [0xFE, 0xFF]) || body.starts(with: [0xFF, 0xFE]) {
+            return "it starts with a byte-order mark"
+        }
+        if body.contains(0) { return "it holds a NUL byte, as UTF-16 and UTF-32 text does" }
+        if String(validating: body, as: UTF8.self) == nil { return "invalid UTF-8 sequence" }
+        return nil
+    }
+
+    /// How many member names `body` holds, over all its objects; the same
+    /// scan as ``repeatedMemberName(in:)``, without comparing names.
+    static func memberNameCount(in body: [UInt8]) -> Int {
+        var count = 0
+        scanMemberNames(in: body) { event, _ in
+            if case .name = event { count += 1 }
+            return true
+        }
+        return count
+    }
+
     /// The first member name that appears twice in the same object anywhere
-    /// in `body`, or nil. RFC 8259 §4 leaves repeated names to the parser,
-    /// and Foundation's keeps the last value, so
-    /// `{"offer_id":"a","offer_id":"b"}` would be signed for `b` without a
-    /// word. Names are compared after their escapes are decoded. Runs after
-    /// the parser accepted `body`, but stays in bounds on any input.
+    /// in `body`, or nil, for the error message. RFC 8259 §4 leaves
+    /// repeated names to the parser, and Foundation's keeps the last value,
+    /// so `{"offer_id":"a","offer_id":"b"}` would be signed for `b` without
+    /// a word. Names are compared after their escapes are decoded, as Swift
+    /// strings (as the parser's dictionary compares them). Stays in bounds
+    /// on any input.
     static func repeatedMemberName(in body: [UInt8]) -> String? {
+        // The names so far of each open object, innermost last.
+        var objects: [Set<String>] = []
+        var repeated: String?
+        scanMemberNames(in: body) { event, raw in
+            switch event {
+            case .objectStart:
+                objects.append([])
+            case .objectEnd:
+                if !objects.isEmpty { objects.removeLast() }
+            case .name(let escaped):
+                let name = escaped ? Self.decodedString(raw) : String(decoding: raw, as: UTF8.self)
+                // In place (no copy of the set per name).
+                if !objects.isEmpty && !objects[objects.count - 1].insert(name).inserted {
+                    repeated = name
+                    return false
+                }
+            }
+            return true
+        }
+        return repeated
+    }
+
+    /// What ``scanMemberNames(in:_:)`` reports.
+    enum ScanEvent {
+        case objectStart
+        case objectEnd
+        /// A member name (its raw bytes are passed alongside); `escaped`
+        /// when they hold a backslash escape.
+        case name(escaped: Bool)
+    }
+
+    /// Walks the JSON text in `body` and reports each object's start and
+    /// end and each member name (raw bytes between the quotes), until
+    /// `visit` returns false. A string is a name when it sits directly in an
+    /// object after `{` or `,`. Meant for text the parser accepted; stays in
+    /// bounds on any input.
+    static func scanMemberNames(in body: [UInt8], _ visit: (ScanEvent, ArraySlice<UInt8>) -> Bool) {
         let quote = UInt8(ascii: "\""), backslash = UInt8(ascii: "\\")
-        // One entry per open object (its names so far) or array (nil).
-        var open: [Set<String>?] = []
+        // One entry per open container: true for an object, false for an array.
+        var open: [Bool] = []
         var previous: UInt8 = 0  // the last structural byte outside strings
         var index = 0
         while index < body.count {
@@ -234,23 +352,20 @@ public struct FieldReader {
                     end += 1
                 }
                 index = end
-                let inObject = open.last.map { $0 != nil } ?? false
-                let isName = inObject && (previous == UInt8(ascii: "{") || previous == UInt8(ascii: ","))
+                let isName = (open.last ?? false) && (previous == UInt8(ascii: "{") || previous == UInt8(ascii: ","))
                 previous = quote
-                guard isName else { break }
-                let raw = body[start..<min(end, body.count)]
-                let name = escaped ? Self.decodedString(raw) : String(decoding: raw, as: UTF8.self)
-                // In place (no copy of the set per name): the innermost object is non-nil here.
-                if !open[open.count - 1]!.insert(name).inserted { return name }
+                if isName && !visit(.name(escaped: escaped), body[start..<min(end, body.count)]) { return }
             case UInt8(ascii: "{"):
-                open.append(Set<String>())
+                open.append(true)
                 previous = byte
+                if !visit(.objectStart, []) { return }
             case UInt8(ascii: "["):
-                open.append(nil)
+                open.append(false)
                 previous = byte
             case UInt8(ascii: "}"), UInt8(ascii: "]"):
-                if !open.isEmpty { open.removeLast() }
+                let wasObject = open.popLast() ?? false
                 previous = byte
+                if wasObject && !visit(.objectEnd, []) { return }
             case UInt8(ascii: ","), UInt8(ascii: ":"):
                 previous = byte
             default:
@@ -258,7 +373,6 @@ public struct FieldReader {
             }
             index += 1
         }
-        return nil
     }
 
     /// A JSON string's content with its escapes decoded (by JSONSerialization).

@@ -48,4 +48,66 @@ struct RepeatedMemberTests {
         }
         #expect(FieldReader.repeatedMemberName(in: Array(#"{"a":1,"a"#.utf8)) == "a")
     }
+
+    @Test("the count of names in the text matches the parsed members exactly when no name repeats", arguments: [
+        (#"{"bundle_id":"a","product_id":"b","offer_id":"c"}"#, 3),
+        (#"{"generate_offers":[{"offer_id":"x"},{"offer_id":"y","product_id":"p"}]}"#, 4),
+        (#"{"bundle_id":"a\",\"bundle_id\":\"b","request":{"x":[1,{"y":2}]}}"#, 4),
+    ])
+    func nameCount(body: String, count: Int) throws {
+        #expect(FieldReader.memberNameCount(in: Array(body.utf8)) == count)
+        let parsed = try JSONValue(foundation: JSONSerialization.jsonObject(with: Data(body.utf8)), path: "")
+        #expect(parsed.memberCount == count)
+    }
+
+    /// Foundation's parser also reads UTF-16 and UTF-32; a repeated name
+    /// written with an escape in such a body got past the byte scan and the
+    /// last value was signed.
+    @Test("a body that is not UTF-8 is refused before parsing, repeated names or not", arguments: [
+        String.Encoding.utf16, .utf16LittleEndian, .utf16BigEndian, .utf32, .utf32LittleEndian, .utf32BigEndian,
+    ])
+    func notUTF8(encoding: String.Encoding) throws {
+        for text in [#"{"bundle_id":"a","offer_id":"w","offer\u005fid":"EVIL"}"#, #"{"bundle_id":"a","offer_id":"w"}"#] {
+            let body = try #require(text.data(using: encoding))
+            #expect(throws: APIError.self) { _ = try FieldReader(json: Array(body), allowed: Self.allowed) }
+            do {
+                _ = try FieldReader(json: Array(body), allowed: Self.allowed)
+            } catch {
+                #expect(error.code == .invalidJSON)
+                #expect(error.message.contains("not UTF-8"), "\(error.message)")
+            }
+        }
+        // A UTF-8 byte-order mark is refused too; plain UTF-8 is read.
+        #expect(throws: APIError.self) { _ = try FieldReader(json: [0xEF, 0xBB, 0xBF] + Array(#"{"bundle_id":"a"}"#.utf8), allowed: Self.allowed) }
+        var reader = try FieldReader(json: Array(#"{"bundle_id":"ä"}"#.utf8), allowed: Self.allowed)
+        #expect(try reader.string("bundle_id") == "ä")
+    }
+
+    @Test("integers beyond Int64 and numbers only a decimal holds are refused, naming where they sit", arguments: [
+        (#"{"request":{"p":18446744073709551615}}"#, "request.p"),
+        (#"{"request":{"p":9223372036854775808}}"#, "request.p"),
+        (#"{"request":{"a":[1,{"p":-9223372036854775809}]}}"#, "request.a[1].p"),
+        (#"{"request":{"p":12345678901234567890123}}"#, "request.p"),
+    ])
+    func inexactNumbers(body: String, field: String) {
+        do {
+            _ = try FieldReader(json: Array(body.utf8), allowed: Self.allowed)
+            Issue.record("accepted \(body)")
+        } catch {
+            #expect(error.code == .invalidField)
+            #expect(error.field == field)
+            #expect(error.message.contains("beyond the numbers signerd signs exactly"), "\(error.message)")
+        }
+    }
+
+    @Test("the ends of Int64 and ordinary numbers are kept exactly")
+    func exactNumbers() throws {
+        let body = #"{"request":{"max":9223372036854775807,"min":-9223372036854775808,"half":1.5,"zero":0}}"#
+        var reader = try FieldReader(json: Array(body.utf8), allowed: Self.allowed)
+        let request = try reader.object("request")
+        #expect(request["max"] == .integer(Int64.max))
+        #expect(request["min"] == .integer(Int64.min))
+        #expect(request["half"] == .number(1.5))
+        #expect(request["zero"] == .integer(0))
+    }
 }
