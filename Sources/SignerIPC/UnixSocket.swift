@@ -62,6 +62,16 @@ enum UnixAddress {
     }
 }
 
+/// A file's device and inode numbers (`st_dev`, `st_ino`) and whether it is a socket.
+public struct SocketFileIdentity: Sendable, Equatable {
+    /// `st_dev`.
+    public var device: UInt64
+    /// `st_ino`.
+    public var inode: UInt64
+    /// Whether the file type is `S_IFSOCK`.
+    public var isSocket: Bool
+}
+
 /// The daemon's listening Unix socket.
 public enum UnixListener {
     /// Creates, binds and listens on `path`.
@@ -132,6 +142,31 @@ public enum UnixListener {
             throw SocketError("cannot listen on \(path)", errno: code)
         }
         return fd
+    }
+
+    /// Which file sits at `path` (device and inode, from `lstat(2)`), or nil
+    /// when there is none. Taken right after ``bind(path:mode:group:)`` to
+    /// recognize the socket file later.
+    /// - Parameter path: the socket path.
+    /// - Returns: the file's identity, or nil.
+    public static func fileIdentity(_ path: String) -> SocketFileIdentity? {
+        var info = stat()
+        guard lstat(path, &info) == 0 else { return nil }
+        return SocketFileIdentity(device: UInt64(info.st_dev), inode: UInt64(info.st_ino), isSocket: (info.st_mode & S_IFMT) == S_IFSOCK)
+    }
+
+    /// Removes the socket file at `path` if it is still the one this
+    /// process bound (same device and inode). After the file was deleted
+    /// and another process bound the path, that process's socket stays.
+    /// - Parameters:
+    ///   - path: the socket path.
+    ///   - identity: ``fileIdentity(_:)`` taken after binding.
+    /// - Returns: true when the file was removed; false when it is gone or
+    ///   belongs to someone else now.
+    @discardableResult
+    public static func removeSocketFile(_ path: String, boundAs identity: SocketFileIdentity) -> Bool {
+        guard let current = fileIdentity(path), current == identity else { return false }
+        return unlink(path) == 0
     }
 
     /// The filesystem path a Unix socket is bound to (`getsockname`), or nil

@@ -107,6 +107,15 @@ func runDaemon() -> Never {
         fail(.unavailable, "socket_bind_failed", logger: logger, ["socket.path": .string(configuration.socketPath), "error": .string(error.message)])
     }
     let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
+    // Recognized at shutdown: a file someone put at the path later is not removed.
+    let boundFile = socketActivated ? nil : UnixListener.fileIdentity(configuration.socketPath)
+    func removeSocketFile() {
+        guard let boundFile else { return }  // a socket systemd created stays; it belongs to signerd.socket
+        if !UnixListener.removeSocketFile(configuration.socketPath, boundAs: boundFile) {
+            logger.warning("socket_file_not_removed", ["socket.path": .string(configuration.socketPath),
+                                                       "reason": "the file at the path is no longer the socket signerd bound (deleted or replaced)"])
+        }
+    }
     var serverOptions = HTTPServerOptions()
     serverOptions.connectionLimit = configuration.maxConnections
     serverOptions.idleTimeoutSeconds = configuration.idleTimeoutSeconds
@@ -121,7 +130,7 @@ func runDaemon() -> Never {
     do {
         try server.start()
     } catch {
-        if !socketActivated { unlink(configuration.socketPath) }
+        removeSocketFile()
         fail(.unavailable, "http_start_failed", logger: logger, ["error": .string(error.message)])
     }
     let status = keyProblems.isEmpty ? "serving \(configuration.keys.count) keys on \(listeningPath)"
@@ -163,8 +172,7 @@ func runDaemon() -> Never {
         logger.notice("shutdown_requested", ["signal": .int(Int64(received))])
         Systemd.notify("STOPPING=1")
         let listening = server.stopAccepting()
-        // A socket systemd created stays; it belongs to signerd.socket.
-        if !socketActivated { unlink(configuration.socketPath) }
+        removeSocketFile()
         if listening >= 0 { close(listening) }
         // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
         let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)

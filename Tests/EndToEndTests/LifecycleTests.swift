@@ -88,6 +88,19 @@ struct LifecycleTests {
         #expect(!daemon.logged { $0.contains("\"signerd_stopped\"") && $0.contains("\"drained\":true") }.isEmpty)
     }
 
+    @Test("SIGTERM after the socket file was deleted and the path bound again by another process: that socket stays")
+    func sigtermLeavesAnotherSocket() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        #expect(unlink(daemon.socketPath) == 0)
+        let other = try UnixListener.bind(path: daemon.socketPath, mode: 0o600, group: nil)
+        defer { close(other) }
+        let otherFile = try #require(UnixListener.fileIdentity(daemon.socketPath))
+        #expect(daemon.stop() == 0)
+        #expect(UnixListener.fileIdentity(daemon.socketPath) == otherFile, "signerd removed a socket it did not bind")
+        #expect(!daemon.logged { $0.contains("\"socket_file_not_removed\"") }.isEmpty)
+    }
+
     @Test("SIGHUP: a key added to the token and the config signs without a restart; a broken config leaves the old one serving")
     func sighupReload() throws {
         let daemon = try DaemonHarness()
