@@ -22,6 +22,16 @@ public struct KeyConfiguration: Sendable, Equatable {
     /// When set, only these uids (and root) may use this key.
     public var allowedUIDs: [UInt32]?
 
+    /// Whether `bundleID` is one of ``bundleIDs``, byte for byte. Swift's
+    /// `==` holds canonically equivalent strings equal (`K` and U+212A
+    /// KELVIN SIGN, `ä` and `a` + U+0308), but the signature covers the
+    /// bytes sent, so an allow-list match must be exact.
+    /// - Parameter bundleID: the request's bundle ID.
+    /// - Returns: true when a listed bundle ID has the same UTF-8 bytes.
+    public func allows(bundleID: String) -> Bool {
+        bundleIDs.contains { $0.utf8.elementsEqual(bundleID.utf8) }
+    }
+
     /// Makes a key entry.
     public init(keyID: String, bundleIDs: [String], issuerID: String? = nil, allowedUIDs: [UInt32]? = nil) {
         self.keyID = keyID

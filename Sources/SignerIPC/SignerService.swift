@@ -332,7 +332,7 @@ public final class SignerService: HTTPHandler, Sendable {
             guard let key = config.keys.first(where: { $0.keyID == keyID }) else {
                 throw APIError(.keyNotFound, "key_id \(keyID) is not a key signerd is configured to use", field: "key_id")
             }
-            guard key.bundleIDs.contains(bundleID) else {
+            guard key.allows(bundleID: bundleID) else {
                 throw APIError(.bundleNotAllowed, "key \(keyID) may not sign for bundle_id \(bundleID); its bundle_ids are \(key.bundleIDs.joined(separator: ", "))", field: "bundle_id")
             }
             guard callerMay(key) else {
@@ -342,7 +342,7 @@ public final class SignerService: HTTPHandler, Sendable {
             }
             return key
         }
-        let serving = config.keys.filter { $0.bundleIDs.contains(bundleID) && callerMay($0) }
+        let serving = config.keys.filter { $0.allows(bundleID: bundleID) && callerMay($0) }
         if serving.count == 1 { return serving[0] }
         if serving.isEmpty {
             throw APIError(.bundleNotAllowed, "no configured In-App Purchase key may sign for bundle_id \(bundleID)", field: "bundle_id")

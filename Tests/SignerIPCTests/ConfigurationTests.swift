@@ -61,6 +61,17 @@ struct ConfigurationTests {
         let error = #expect(throws: ConfigurationError.self) { try parse(json) }
         #expect(error?.message.contains(key) == true, "\(error?.message ?? "no error")")
     }
+
+    @Test("a bundle allow-list matches bytes, not canonically equivalent strings")
+    func bundleAllowListIsExact() {
+        let key = KeyConfiguration(keyID: "ABC123DEFG", bundleIDs: ["com.Kelvin.app", "com.ex\u{E4}mple.app"])
+        #expect(key.allows(bundleID: "com.Kelvin.app"))
+        #expect(key.allows(bundleID: "com.ex\u{E4}mple.app"))
+        // Equal as Swift strings, other bytes on the wire (and in the signed payload).
+        #expect("com.\u{212A}elvin.app" == "com.Kelvin.app")
+        #expect(!key.allows(bundleID: "com.\u{212A}elvin.app"))
+        #expect(!key.allows(bundleID: "com.exa\u{308}mple.app"))
+    }
 }
 
 @Suite("Command-line arguments")
