@@ -82,6 +82,11 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var httpThreads: Int?
     /// Most connections at once. Default 1024.
     public var maxConnections = 1024
+    /// Most connections one peer uid may hold at once, so that one client
+    /// cannot take every slot. Default: half of ``maxConnections``.
+    public var maxConnectionsPerUID: Int?
+    /// ``maxConnectionsPerUID``, or its default: half of ``maxConnections`` (at least 1).
+    public var effectiveMaxConnectionsPerUID: Int { maxConnectionsPerUID ?? max(1, maxConnections / 2) }
     /// Largest request body in bytes. Default 65,536.
     public var maxBodyBytes = 64 * 1024
     /// Largest request head (request line and headers) in bytes. Default 8,192.
@@ -109,7 +114,7 @@ public struct SignerConfiguration: Sendable, Equatable {
     static let knownKeys: Set<String> = [
         "socket_path", "socket_mode", "socket_group", "token_uri", "issuer_id", "keys", "default_key_id",
         "allowed_uids", "allowed_gids", "session_pool_size", "verify_before_return", "log_level", "http_threads",
-        "max_connections", "max_body_bytes", "max_header_bytes", "idle_timeout_seconds", "request_timeout_seconds",
+        "max_connections", "max_connections_per_uid", "max_body_bytes", "max_header_bytes", "idle_timeout_seconds", "request_timeout_seconds",
         "readiness_cache_seconds", "session_checkout_timeout_ms", "sign_timeout_ms", "clock_skew_seconds",
         "rate_limit_per_second", "rate_limit_burst",
     ]
@@ -242,6 +247,9 @@ public struct SignerConfiguration: Sendable, Equatable {
             config.httpThreads = try integer(&reader, "http_threads", 4, 1...256)
         }
         config.maxConnections = try integer(&reader, "max_connections", config.maxConnections, 1...65_536)
+        if reader.has("max_connections_per_uid") {
+            config.maxConnectionsPerUID = try integer(&reader, "max_connections_per_uid", 1, 1...config.maxConnections)
+        }
         config.maxBodyBytes = try integer(&reader, "max_body_bytes", config.maxBodyBytes, 1024...(16 * 1024 * 1024))
         config.maxHeaderBytes = try integer(&reader, "max_header_bytes", config.maxHeaderBytes, 1024...(1024 * 1024))
         config.idleTimeoutSeconds = try integer(&reader, "idle_timeout_seconds", config.idleTimeoutSeconds, 1...86_400)

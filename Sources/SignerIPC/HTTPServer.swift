@@ -83,6 +83,13 @@ public protocol HTTPHandler: Sendable {
     /// Called by the request watchdog a few times a second (the application
     /// writes off calls that hang there).
     func watchdogTick()
+    /// The answer to a connection whose uid already holds
+    /// ``HTTPServerOptions/connectionsPerUIDLimit`` connections; the server
+    /// writes it and closes the connection.
+    /// - Parameters:
+    ///   - uid: the peer's uid.
+    ///   - limit: the most connections one uid may hold.
+    func tooManyConnections(uid: UInt32, limit: Int) -> HTTPResponse
     /// Called once for each response the server sends: queued with
     /// libmicrohttpd, or written on the socket by the watchdog. A handler's
     /// response that is dropped because the watchdog already answered is
@@ -99,6 +106,10 @@ public protocol HTTPHandler: Sendable {
 public struct HTTPServerOptions: Sendable {
     /// Most connections (and so connection threads) at once.
     public var connectionLimit = 1024
+    /// Most connections one uid (from `SO_PEERCRED`) may hold at once; a
+    /// further one is answered 429 and closed on arrival, so one client
+    /// cannot take every slot (and with them the daemon's own health check).
+    public var connectionsPerUIDLimit = 512
     /// Idle keep-alive connections are closed after this many seconds.
     public var idleTimeoutSeconds = 60
     /// A request still arriving after this many seconds (from its request line) is dropped.
@@ -131,6 +142,8 @@ struct BlockingCall {
 /// without racing a reuse of the number), and when its current request began.
 final class ConnectionState: Sendable {
     let peer: PeerCredentials?
+    /// The peer's uid, `UInt32.max` when its credentials were unreadable.
+    var uid: UInt32 { peer?.uid ?? UInt32.max }
     let descriptor: Int32
     /// `MonotonicClock` nanoseconds of the current request's request line; 0 between requests.
     let requestStarted = Atomic<UInt64>(0)
@@ -182,6 +195,11 @@ public final class HTTPServer: @unchecked Sendable {
     let logger: Logger
     let metrics: Metrics?
     private let connections = Locked<[ObjectIdentifier: ConnectionState]>([:])
+    /// Open connections by peer uid.
+    private let connectionsPerUID = Locked<[UInt32: Int]>([:])
+    /// Keeps a flood of refused connections or malformed requests from flooding the log.
+    private let libraryWarnings = LogThrottle(linesPerWindow: 20, windowSeconds: 10)
+    private let refusalWarnings = LogThrottle(linesPerWindow: 5, windowSeconds: 10)
     private let processing = Atomic<Int>(0)
     /// Set when draining: responses carry `Connection: close`.
     let draining = Atomic<Bool>(false)
@@ -349,9 +367,23 @@ public final class HTTPServer: @unchecked Sendable {
     /// was read in full before the handler ran), and when the handler
     /// returns its response is dropped and libmicrohttpd closes the
     /// connection.
+    /// Answers a connection over its uid's limit with the handler's
+    /// response and closes it at once: it never holds a thread until the
+    /// idle timeout. The client sees the answer if it reads before it writes.
+    private func refuse(_ connection: ConnectionState, holding held: Int) {
+        metrics?.count("refused_connections")
+        refusalWarnings.admit { suppressed in
+            logger.warning("connection_refused", ["peer.uid": .int(Int64(connection.uid)), "peer.pid": .int(Int64(connection.peer?.pid ?? 0)),
+                                                  "connections": .int(Int64(held - 1)), "limit": .int(Int64(options.connectionsPerUIDLimit)),
+                                                  "suppressed_before": .int(Int64(suppressed))])
+        }
+        answerAndClose(connection, with: handler.tooManyConnections(uid: connection.uid, limit: options.connectionsPerUIDLimit))
+    }
+
     private func answerAndClose(_ connection: ConnectionState, with response: HTTPResponse) {
         guard connection.descriptor >= 0 else { return }
-        var head = "HTTP/1.1 \(response.status) \(response.status == 503 ? "Service Unavailable" : "Error")\r\n"
+        let reason = [429: "Too Many Requests", 503: "Service Unavailable"][response.status] ?? "Error"
+        var head = "HTTP/1.1 \(response.status) \(reason)\r\n"
         head += "Content-Type: \(response.contentType)\r\n"
         for (name, value) in response.headers { head += "\(name): \(value)\r\n" }
         head += "Connection: close\r\nContent-Length: \(response.body.count)\r\n\r\n"
@@ -376,11 +408,22 @@ public final class HTTPServer: @unchecked Sendable {
             let state = ConnectionState(peer: peer, descriptor: duplicate)
             server.connections.withLock { $0[ObjectIdentifier(state)] = state }
             socketContext?.pointee = Unmanaged.passRetained(state).toOpaque()
+            let held = server.connectionsPerUID.withLock { counts in
+                counts[state.uid, default: 0] += 1
+                return counts[state.uid] ?? 0
+            }
+            if held > server.options.connectionsPerUIDLimit {
+                server.refuse(state, holding: held)
+            }
         case .CONNECTION_NOTIFY_CLOSED:
             guard let raw = socketContext?.pointee else { return }
             let state = Unmanaged<ConnectionState>.fromOpaque(raw).takeRetainedValue()
             socketContext?.pointee = nil
             server.connections.withLock { _ = $0.removeValue(forKey: ObjectIdentifier(state)) }
+            server.connectionsPerUID.withLock { counts in
+                let left = (counts[state.uid] ?? 1) - 1
+                counts[state.uid] = left > 0 ? left : nil
+            }
             if state.descriptor >= 0 { close(state.descriptor) }
         default:
             break
@@ -410,7 +453,10 @@ public final class HTTPServer: @unchecked Sendable {
 
     private static let libraryLog: CSignerShim_log_callback = { context, message in
         let server = HTTPServer.server(context)
-        server.logger.warning("http_library", ["detail": .string(message.map { String(cString: $0) } ?? "")])
+        server.libraryWarnings.admit { suppressed in
+            server.logger.warning("http_library", ["detail": .string(message.map { String(cString: $0) } ?? ""),
+                                                   "suppressed_before": .int(Int64(suppressed))])
+        }
     }
 
     private static let accessHandler: MHD_AccessHandlerCallback = { context, connection, _, method, _, uploadData, uploadSize, requestContext in
@@ -500,5 +546,39 @@ public final class HTTPServer: @unchecked Sendable {
             MHD_add_response_header(created, "Connection", "close")
         }
         return MHD_queue_response(connection, UInt32(response.status), created)
+    }
+}
+
+/// Lets through at most `linesPerWindow` log lines per window of
+/// `windowSeconds` and counts the rest, so that a client sending malformed
+/// requests or connections in a loop cannot fill the disk with one line each.
+final class LogThrottle: Sendable {
+    private let linesPerWindow: Int
+    private let windowNanoseconds: UInt64
+    private let state = Locked<(windowStart: UInt64, lines: Int, suppressed: Int)>((0, 0, 0))
+
+    init(linesPerWindow: Int, windowSeconds: Double) {
+        self.linesPerWindow = linesPerWindow
+        self.windowNanoseconds = UInt64(windowSeconds * 1e9)
+    }
+
+    /// Calls `log` with the number of lines suppressed since the last one
+    /// logged, unless this window's lines are used up.
+    func admit(_ log: (_ suppressed: Int) -> Void) {
+        let now = MonotonicClock.now()
+        let suppressed: Int? = state.withLock { state in
+            if now - state.windowStart >= windowNanoseconds {
+                state.windowStart = now
+                state.lines = 0
+            }
+            guard state.lines < linesPerWindow else {
+                state.suppressed += 1
+                return nil
+            }
+            state.lines += 1
+            defer { state.suppressed = 0 }
+            return state.suppressed
+        }
+        if let suppressed { log(suppressed) }
     }
 }

@@ -107,7 +107,8 @@ public final class Metrics: Sendable {
         hsmErrors.withLock { $0[name, default: 0] += 1 }
     }
 
-    /// Counts a named event: `verification_failures`, `forbidden`, `rate_limited`, `dropped_slow_requests`.
+    /// Counts a named event: `verification_failures`, `forbidden`, `rate_limited`,
+    /// `dropped_slow_requests`, `refused_connections`.
     public func count(_ event: String) {
         events.withLock { $0[event, default: 0] += 1 }
     }
@@ -147,6 +148,7 @@ public final class Metrics: Sendable {
             "forbidden": "Requests refused because the peer's uid/gid is not allowed.",
             "rate_limited": "Requests refused by the per-uid rate limit.",
             "dropped_slow_requests": "Connections dropped because a request took longer than request_timeout_seconds to arrive.",
+            "refused_connections": "Connections closed on arrival because their uid already held max_connections_per_uid.",
         ]
         let events = self.events.withLock { $0 }
         for (event, help) in eventHelp.sorted(by: { $0.key < $1.key }) {

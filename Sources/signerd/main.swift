@@ -118,6 +118,7 @@ func runDaemon() -> Never {
     }
     var serverOptions = HTTPServerOptions()
     serverOptions.connectionLimit = configuration.maxConnections
+    serverOptions.connectionsPerUIDLimit = configuration.effectiveMaxConnectionsPerUID
     serverOptions.idleTimeoutSeconds = configuration.idleTimeoutSeconds
     serverOptions.requestTimeoutSeconds = Double(configuration.requestTimeoutSeconds)
     serverOptions.maxBodyBytes = configuration.maxBodyBytes

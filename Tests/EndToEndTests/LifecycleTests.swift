@@ -68,6 +68,45 @@ struct LifecycleTests {
         #expect(perKey.body.contains("\"field\":\"key_id\""))
     }
 
+    @Test("one uid at max_connections_per_uid: its next connection gets 429 and is closed at once; another uid still gets a slot",
+          .enabled(if: isRoot && hasSetpriv, "needs root and setpriv(1) to connect as a second uid (uid 65534)"))
+    func connectionsPerUID() throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["max_connections": 6, "max_connections_per_uid": 3])
+        try daemon.start()
+        defer { daemon.stop() }
+        // Three idle connections from this uid (root) fill its share.
+        let held = try (0..<3).map { _ in try UnixConnection.connect(path: daemon.socketPath, timeout: 2) }
+        defer { held.forEach { $0.close() } }
+        // The daemon counts a connection when it accepts it; the next one from this uid is answered and closed unread.
+        var text = ""
+        _ = poll(seconds: 5) {
+            guard let extra = try? UnixConnection.connect(path: daemon.socketPath, timeout: 1) else { return false }
+            defer { extra.close() }
+            var answer: [UInt8] = []
+            while (try? extra.read(appendingTo: &answer)) ?? 0 > 0 {}
+            text = String(decoding: answer, as: UTF8.self)
+            return !text.isEmpty
+        }
+        #expect(text.hasPrefix("HTTP/1.1 429 Too Many Requests"), "\(text)")
+        #expect(text.contains("\"rate_limited\"") && text.contains("max_connections_per_uid"))
+        #expect(!daemon.logged { $0.contains("\"connection_refused\"") && $0.contains("\"limit\":3") }.isEmpty)
+        // Another uid is not held back by root's connections: it reaches the handler (403: it is not allowed to sign).
+        #expect(try curlAsNobody(daemon, #"{"bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"}"#).status == 403)
+        // A connection freed by this uid makes room again.
+        held[0].close()
+        var metrics = ""
+        #expect(poll(seconds: 5) {
+            let probe = daemon.client()
+            defer { probe.close() }
+            guard let answer = try? probe.send("GET", "/metrics"), answer.status == 200 else { return false }
+            metrics = String(decoding: answer.body, as: UTF8.self)
+            return true
+        })
+        #expect(metrics.contains("signerd_refused_connections_total "))
+        #expect(!metrics.contains("signerd_refused_connections_total 0\n"))
+    }
+
     @Test("SIGTERM during 8 concurrent request loops: every response carries a valid signature, exit 0, socket removed")
     func sigtermDrains() throws {
         let daemon = try DaemonHarness()
