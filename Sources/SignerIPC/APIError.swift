@@ -13,6 +13,10 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
         /// The raw value.
         public var description: String { rawValue }
 
+        /// 400: the request's framing is ambiguous (RFC 9112 §6): two
+        /// different `Content-Length` values, or `Content-Length` with
+        /// `Transfer-Encoding`. The connection is closed after the answer.
+        public static let badRequest = Code(rawValue: "bad_request")
         /// 400: the body is not one JSON object.
         public static let invalidJSON = Code(rawValue: "invalid_json")
         /// 400: a field has the wrong type or value.
@@ -45,7 +49,7 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
         /// The HTTP status of the code.
         public var status: Int {
             switch self {
-            case .invalidJSON, .invalidField, .missingField, .unknownField: 400
+            case .badRequest, .invalidJSON, .invalidField, .missingField, .unknownField: 400
             case .forbidden, .bundleNotAllowed: 403
             case .keyNotFound, .notFound: 404
             case .methodNotAllowed: 405

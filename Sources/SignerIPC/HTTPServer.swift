@@ -451,6 +451,34 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
+    /// Why the request's body framing is ambiguous, or nil. RFC 9112 §6.3:
+    /// `Content-Length` values that differ make the message length
+    /// unknowable, and `Content-Length` beside `Transfer-Encoding` is how
+    /// request smuggling starts; libmicrohttpd takes the first
+    /// `Content-Length` and would read what follows as another request.
+    private static func ambiguousFraming(_ connection: OpaquePointer) -> String? {
+        var headers = (lengths: [String](), transferEncoding: false)
+        withUnsafeMutablePointer(to: &headers) { pointer in
+            _ = MHD_get_connection_values(connection, .HEADER_KIND, { context, _, key, value in
+                guard let context, let key else { return .YES }
+                let headers = context.assumingMemoryBound(to: (lengths: [String], transferEncoding: Bool).self)
+                if strcasecmp(key, "Content-Length") == 0 {
+                    headers.pointee.lengths.append(value.map { String(cString: $0) } ?? "")
+                } else if strcasecmp(key, "Transfer-Encoding") == 0 {
+                    headers.pointee.transferEncoding = true
+                }
+                return .YES
+            }, pointer)
+        }
+        if headers.transferEncoding && !headers.lengths.isEmpty {
+            return "the request has both Content-Length and Transfer-Encoding"
+        }
+        if Set(headers.lengths).count > 1 {
+            return "the request has Content-Length \(headers.lengths.joined(separator: " and "))"
+        }
+        return nil
+    }
+
     private static let libraryLog: CSignerShim_log_callback = { context, message in
         let server = HTTPServer.server(context)
         server.libraryWarnings.admit { suppressed in
@@ -481,6 +509,12 @@ public final class HTTPServer: @unchecked Sendable {
             if let early = server.handler.preflight(method: methodName, path: state.path, contentType: contentType, contentLength: contentLength, peer: peer) {
                 state.answered = true
                 return server.queue(early, path: state.path, on: connection)
+            }
+            if let problem = HTTPServer.ambiguousFraming(connection) {
+                state.answered = true
+                var response = HTTPResponse(error: APIError(.badRequest, "\(problem); send one Content-Length, or Transfer-Encoding: chunked alone (RFC 9112 §6)"))
+                response.headers.append(("Connection", "close"))
+                return server.queue(response, path: state.path, on: connection)
             }
             if let contentLength, contentLength > server.options.maxBodyBytes {
                 state.answered = true

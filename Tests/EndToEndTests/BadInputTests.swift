@@ -168,6 +168,37 @@ struct BadInputTests {
         try expectServing(daemon)
     }
 
+    /// RFC 9112 §6.3: libmicrohttpd took the first of two Content-Length
+    /// values and answered the rest of the body as a second, pipelined request.
+    @Test("ambiguous framing (two Content-Length values, Content-Length with Transfer-Encoding) gets 400 bad_request and a closed connection")
+    func ambiguousFraming() throws {
+        let sign = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
+        let smuggled = "GET /v1/keys HTTP/1.1\r\nHost: x\r\n\r\n"
+        let heads = [
+            "Content-Length: \(sign.utf8.count)\r\nContent-Length: \(sign.utf8.count + smuggled.utf8.count)\r\n",
+            "Content-Length: \(sign.utf8.count)\r\nTransfer-Encoding: chunked\r\n",
+        ]
+        for head in heads {
+            let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+            defer { connection.close() }
+            try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\(head)\r\n\(sign)\(smuggled)".utf8))
+            var received: [UInt8] = []
+            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+            let text = String(decoding: received, as: UTF8.self)
+            #expect(text.hasPrefix("HTTP/1.1 400"), "\(head): \(text)")
+            #expect(text.contains("\"bad_request\"") && text.contains("RFC 9112"), "\(text)")
+            #expect(text.components(separatedBy: "HTTP/1.1 ").count == 2, "one response, no second request read from the body: \(text)")
+        }
+        // The same value twice is not ambiguous.
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+        defer { connection.close() }
+        try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: \(sign.utf8.count)\r\nContent-Length: \(sign.utf8.count)\r\n\r\n\(sign)".utf8))
+        var received: [UInt8] = []
+        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+        #expect(String(decoding: received, as: UTF8.self).hasPrefix("HTTP/1.1 200"))
+        try expectServing(daemon)
+    }
+
     @Test("a request trickled one byte per 100 ms is dropped after request_timeout_seconds; others are served meanwhile")
     func trickle() throws {
         let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 30)
