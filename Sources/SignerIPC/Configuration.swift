@@ -85,6 +85,20 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// Most connections one peer uid may hold at once, so that one client
     /// cannot take every slot. Default: half of ``maxConnections``.
     public var maxConnectionsPerUID: Int?
+    /// Settings that are valid but probably not meant, each as a log event
+    /// name and a hint: a socket any local user may connect to
+    /// (`socket_mode` with the "other" bits), and no keys.
+    public var advisories: [(event: String, hint: String)] {
+        var found: [(event: String, hint: String)] = []
+        if socketMode & 0o006 != 0 {
+            found.append(("socket_open_to_all_users", "socket_mode \(String(socketMode, radix: 8)) lets every local user connect (allowed_uids and allowed_gids still decide who may sign); 0660 with socket_group is the usual choice"))
+        }
+        if keys.isEmpty {
+            found.append(("no_keys_configured", "keys is empty: every signing request gets 403 bundle_not_allowed until a key is added and signerd reloaded"))
+        }
+        return found
+    }
+
     /// ``maxConnectionsPerUID``, or its default: half of ``maxConnections`` (at least 1).
     public var effectiveMaxConnectionsPerUID: Int { maxConnectionsPerUID ?? max(1, maxConnections / 2) }
     /// Largest request body in bytes. Default 65,536.

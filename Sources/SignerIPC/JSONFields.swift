@@ -250,8 +250,13 @@ public struct FieldReader {
         }
         // Foundation's JSONSerialization: a third of JSONDecoder's cost for
         // an untyped tree (measured: 8 µs against 68 µs for a request).
-        guard let parsed = try? JSONSerialization.jsonObject(with: Data(body)) else {
-            throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259); send one JSON object")
+        let parsed: Any
+        do {
+            parsed = try JSONSerialization.jsonObject(with: Data(body))
+        } catch {
+            // The parser says where and why ("Too many nested arrays or dictionaries around character 513.").
+            let reason = ((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String).map { ": \($0)" } ?? ""
+            throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259)\(reason); send one JSON object")
         }
         let value = try JSONValue(foundation: parsed, path: "")
         guard case .object(let members) = value else {

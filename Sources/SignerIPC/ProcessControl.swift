@@ -36,10 +36,14 @@ public enum ProcessControl {
     }
 
     /// Blocks `signals` in the calling thread and every thread it starts
-    /// afterwards, so that only ``waitForSignal(_:)`` receives them; ignores `SIGPIPE`.
+    /// afterwards, so that only ``waitForSignal(_:)`` receives them. Ignores
+    /// `SIGPIPE`, and `SIGUSR1` and `SIGUSR2`, which signerd has no use for
+    /// and whose default action would end it without removing its socket.
     /// Call before starting any thread.
     public static func blockSignals(_ signals: [Int32]) {
         signal(SIGPIPE, SIG_IGN)
+        signal(SIGUSR1, SIG_IGN)
+        signal(SIGUSR2, SIG_IGN)
         var set = sigset_t()
         sigemptyset(&set)
         for number in signals { sigaddset(&set, number) }

@@ -62,6 +62,7 @@ func runDaemon() -> Never {
         exit(0)
     }
     let logger = Logger(minimumLevel: configuration.logLevel)
+    for advisory in configuration.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
     ProcessControl.raiseOpenFileLimit(to: 2 * configuration.maxConnections + 64)
 
     var tokenOptions = TokenOptions()
@@ -165,6 +166,7 @@ func runDaemon() -> Never {
                 let fresh = try SignerConfiguration.load(path: configPath)
                 try service.reload(fresh)
                 logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count))])
+                for advisory in fresh.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
             } catch {
                 logger.error("config_reload_refused", ["error": .string("\(error)"), "hint": "the previous configuration stays in effect"])
             }

@@ -107,6 +107,22 @@ struct LifecycleTests {
         #expect(!metrics.contains("signerd_refused_connections_total 0\n"))
     }
 
+    @Test("SIGUSR1 and SIGUSR2 are ignored; a socket open to every user and an empty key list are warned about")
+    func strayingSignalsAndAdvisories() throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["socket_mode": "0666"])
+        try daemon.start()
+        defer { daemon.stop() }
+        daemon.send(SIGUSR1)
+        daemon.send(SIGUSR2)
+        usleep(200_000)
+        #expect(try daemon.client().send("GET", "/healthz").status == 200, "signerd survived SIGUSR1 and SIGUSR2")
+        #expect(!daemon.logged { $0.contains("\"socket_open_to_all_users\"") && $0.contains("666") }.isEmpty)
+        try daemon.writeConfig(["socket_mode": "0666"], keys: [])
+        #expect(daemon.reload())
+        #expect(!daemon.logged { $0.contains("\"no_keys_configured\"") }.isEmpty)
+    }
+
     @Test("SIGTERM during 8 concurrent request loops: every response carries a valid signature, exit 0, socket removed")
     func sigtermDrains() throws {
         let daemon = try DaemonHarness()

@@ -129,6 +129,17 @@ struct FieldReaderTests {
         #expect((#expect(throws: APIError.self) { try wrong.optionalInteger("n") })?.code == .invalidField)
     }
 
+    @Test("broken JSON says what the parser found and where", arguments: [
+        (#"{"request":"# + String(repeating: "[", count: 600) + String(repeating: "]", count: 600) + "}", "nested"),
+        (#"{"timestamp":1e400}"#, "1e400"),
+        (#"{"a":"x"#, "end of file"),
+    ])
+    func parserReason(text: String, reason: String) {
+        let error = #expect(throws: APIError.self) { try FieldReader(json: Array(text.utf8), allowed: ["request", "timestamp", "a"]) }
+        #expect(error?.code == .invalidJSON)
+        #expect(error?.message.contains(reason) == true, "\(error?.message ?? "")")
+    }
+
     @Test("non-objects and broken JSON are invalid_json", arguments: ["", "{", "[1]", "\"s\"", "{\"a\":}", "nul"])
     func invalidJSON(_ text: String) throws {
         let error = #expect(throws: APIError.self) { try FieldReader(json: Array(text.utf8), allowed: []) }
