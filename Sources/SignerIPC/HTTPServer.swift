@@ -266,15 +266,22 @@ public final class HTTPServer: @unchecked Sendable {
         return Int32(MHD_quiesce_daemon(daemon))
     }
 
-    /// Waits until no request is being processed or sent, or `seconds` pass.
+    /// Waits until no request is arriving (request line in, the rest not
+    /// yet), being processed or being sent, or `seconds` pass. A request
+    /// that arrives too slowly is still dropped at `requestTimeoutSeconds`.
     /// - Returns: true when nothing was left in progress.
     public func waitForRequestsInProgress(seconds: Double) -> Bool {
         let deadline = MonotonicClock.deadline(after: seconds)
-        while processing.load(ordering: .acquiring) > 0 {
+        while processing.load(ordering: .acquiring) > 0 || requestsArriving > 0 {
             if MonotonicClock.now() > deadline { return false }
             usleep(5_000)
         }
         return true
+    }
+
+    /// Connections whose current request has begun to arrive but is not in full yet.
+    private var requestsArriving: Int {
+        connections.withLock { $0.values.reduce(0) { $0 + ($1.requestStarted.load(ordering: .acquiring) != 0 ? 1 : 0) } }
     }
 
     /// Handlers that are inside a call that may block (a hung HSM call stays counted).
@@ -539,13 +546,16 @@ public final class HTTPServer: @unchecked Sendable {
 
         guard !state.answered else { return .YES }
         state.answered = true
-        // The request is in: its arrival deadline no longer applies (signing has its own timeout).
-        state.connection?.requestStarted.store(0, ordering: .releasing)
         if state.tooLarge {
+            state.connection?.requestStarted.store(0, ordering: .releasing)
             return server.queue(server.handler.payloadTooLarge(path: state.path, limit: server.options.maxBodyBytes), path: state.path, on: connection)
         }
         state.processing = true
         server.processing.add(1, ordering: .acquiringAndReleasing)
+        // The request is in: its arrival deadline no longer applies (signing
+        // has its own timeout). Cleared after `processing` counts it, so that
+        // a drain never sees it in neither.
+        state.connection?.requestStarted.store(0, ordering: .releasing)
         let contentType = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Type").map { String(cString: $0) }
         let request = HTTPRequest(method: methodName, path: state.path, contentType: contentType, body: state.body, peer: peer)
         state.body = []

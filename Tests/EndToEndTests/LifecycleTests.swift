@@ -143,6 +143,31 @@ struct LifecycleTests {
         #expect(!daemon.logged { $0.contains("\"signerd_stopped\"") && $0.contains("\"drained\":true") }.isEmpty)
     }
 
+    @Test("SIGTERM while a request is still arriving: it is finished, answered with a valid signature, and the drain says so")
+    func sigtermFinishesArrivingRequest() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 10)
+        defer { connection.close() }
+        let json = Array(#"{"bundle_id":"com.example.app","key_id":"ABC123DEFG","product_id":"p","offer_id":"o"}"#.utf8)
+        try connection.write(Array("POST /v1/sign/promotional-offer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(json.count)\r\n\r\n".utf8) + json.prefix(10))
+        usleep(200_000)
+        daemon.send(SIGTERM)
+        usleep(500_000)
+        try connection.write(Array(json.dropFirst(10)))
+        var received: [UInt8] = []
+        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+        let text = String(decoding: received, as: UTF8.self)
+        #expect(text.hasPrefix("HTTP/1.1 200"), "\(text)")
+        let body = try #require(text.range(of: "\r\n\r\n").map { Array(text[$0.upperBound...].utf8) })
+        let offer = try JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(body))
+        let key = try ECPublicKey(pem: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM)
+        let payload = independentPayload(bundleID: "com.example.app", keyID: "ABC123DEFG", productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
+        #expect(key.verify(derSignature: Array(try #require(Data(base64Encoded: offer.signature))), digest: SHA256.hash(payload)))
+        #expect(daemon.stop() == 0)
+        #expect(!daemon.logged { $0.contains("\"signerd_stopped\"") && $0.contains("\"drained\":true") }.isEmpty)
+    }
+
     @Test("SIGTERM after the socket file was deleted and the path bound again by another process: that socket stays")
     func sigtermLeavesAnotherSocket() throws {
         let daemon = try DaemonHarness()
