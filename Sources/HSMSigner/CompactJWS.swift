@@ -93,16 +93,16 @@ public enum CompactJWS {
     /// Splits and decodes a compact JWS; checks `alg` is ES256 and the
     /// signature is 64 bytes (a DER signature is named as such).
     /// - Parameter token: `header.claims.signature`.
-    /// - Throws: ``JWSError``.
+    /// - Throws: ``JWSError``; `jws_base64url` names the part that is not
+    ///   canonical base64url (see ``Base64URL/decode(_:)``).
     public static func decode(_ token: String) throws(JWSError) -> Decoded {
         let parts = token.split(separator: ".", omittingEmptySubsequences: false)
         guard parts.count == 3 else {
             throw JWSError("jws_format", "a compact JWS has 3 parts separated by '.'; got \(parts.count)")
         }
-        guard let header = Base64URL.decode(String(parts[0])), let claims = Base64URL.decode(String(parts[1])),
-              let signature = Base64URL.decode(String(parts[2])) else {
-            throw JWSError("jws_base64url", "each part must be base64url without padding")
-        }
+        let header = try decodePart(parts[0], "the header (part 1)")
+        let claims = try decodePart(parts[1], "the claims (part 2)")
+        let signature = try decodePart(parts[2], "the signature (part 3)")
         let headerText = String(decoding: header, as: UTF8.self)
         guard let headerObject = (try? JSONSerialization.jsonObject(with: Data(header))) as? [String: Any],
               (try? JSONSerialization.jsonObject(with: Data(claims))) is [String: Any] else {
@@ -131,6 +131,18 @@ public enum CompactJWS {
         return publicKey.verify(rawSignature: decoded.signature, digest: digest) ? decoded : nil
     }
 
+    /// Decodes one part of a compact JWS, naming it when it is not canonical base64url.
+    /// - Parameters:
+    ///   - part: the part's text.
+    ///   - name: the part for the error, e.g. `the signature (part 3)`.
+    /// - Throws: ``JWSError`` `jws_base64url`.
+    private static func decodePart(_ part: Substring, _ name: String) throws(JWSError) -> [UInt8] {
+        guard let bytes = Base64URL.decode(String(part)) else {
+            throw JWSError("jws_base64url", "\(name) is not canonical base64url (RFC 7515 §2, RFC 4648 §5): only A-Z a-z 0-9 - _, no '=' padding, and the unused low bits of the last character zero")
+        }
+        return bytes
+    }
+
     static func appendJSONString(_ text: String, to out: inout String) {
         Logger.appendJSONString(text, to: &out)
     }
@@ -146,14 +158,41 @@ public enum Base64URL {
         return String(text.map { $0 == "+" ? "-" : $0 == "/" ? "_" : $0 })
     }
 
-    /// Decodes unpadded base64url; nil when the text holds `+`, `/`, `=`,
-    /// whitespace or anything else outside the base64url alphabet.
+    /// Decodes unpadded base64url, strictly: only the canonical encoding of
+    /// some bytes is accepted (RFC 4648 §3.5), so each byte string has
+    /// exactly one text form.
+    /// - Parameter text: base64url without padding.
+    /// - Returns: the bytes; nil when the text holds `+`, `/`, `=`,
+    ///   whitespace or anything else outside the base64url alphabet, has a
+    ///   length of 4n + 1 characters, or its last character has non-zero
+    ///   unused low bits (`AB` where `AA` encodes the same byte).
     public static func decode(_ text: String) -> [UInt8]? {
-        guard text.utf8.allSatisfy({ byte in
-            (byte >= 0x41 && byte <= 0x5a) || (byte >= 0x61 && byte <= 0x7a) || (byte >= 0x30 && byte <= 0x39) || byte == 0x2d || byte == 0x5f
-        }) else { return nil }
+        guard text.utf8.allSatisfy({ value(of: $0) != nil }) else { return nil }
+        // The last character of 2 (or 3) carries 12 (or 18) bits for 8 (or 16): the low 4 (or 2) are padding and must be zero.
+        let unusedBits: UInt8
+        switch text.utf8.count % 4 {
+        case 1: return nil
+        case 2: unusedBits = 0x0f
+        case 3: unusedBits = 0x03
+        default: unusedBits = 0
+        }
+        if let last = text.utf8.last, let lastValue = value(of: last), lastValue & unusedBits != 0 {
+            return nil
+        }
         var standard = String(text.map { $0 == "-" ? "+" : $0 == "_" ? "/" : $0 })
         standard += String(repeating: "=", count: (4 - standard.utf8.count % 4) % 4)
         return Data(base64Encoded: standard).map { Array($0) }
+    }
+
+    /// The 6-bit value of a base64url character (RFC 4648 §5, table 2), or nil outside the alphabet.
+    private static func value(of byte: UInt8) -> UInt8? {
+        switch byte {
+        case UInt8(ascii: "A")...UInt8(ascii: "Z"): byte - UInt8(ascii: "A")
+        case UInt8(ascii: "a")...UInt8(ascii: "z"): byte - UInt8(ascii: "a") + 26
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): byte - UInt8(ascii: "0") + 52
+        case UInt8(ascii: "-"): 62
+        case UInt8(ascii: "_"): 63
+        default: nil
+        }
     }
 }

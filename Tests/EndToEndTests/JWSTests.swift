@@ -235,4 +235,22 @@ struct JWSTests {
         #expect(status == 65)
         #expect(output.contains("DER"))
     }
+
+    @Test("signctl verify jws refuses a signature whose last character has its unused bits set (A → B): malformed, naming the signature")
+    func signctlNonCanonicalSignature() throws {
+        try publicKeyPEM.write(toFile: daemon.directory + "/jws-pub.pem", atomically: false, encoding: .utf8)
+        let verify = ["--public-key", daemon.directory + "/jws-pub.pem"]
+        // 86 characters: the last carries 2 bits of s and 4 unused bits, so it is one of A, Q, g, w.
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+        let token = try daemon.signctl(["sign", "promotional-offer-v2", "--bundle-id", "com.example.app", "--product-id", "p", "--offer-id", "o"])
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        #expect(daemon.signctlStatus(["verify", "jws", token] + verify).0 == 0)
+        let last = try #require(alphabet.firstIndex(of: token.last!))
+        #expect(last & 0x0f == 0)
+        let changed = String(token.dropLast()) + String(alphabet[last | 1])
+        let (status, output) = daemon.signctlStatus(["verify", "jws", changed] + verify)
+        #expect(status == 65, "\(output)")
+        #expect(output.contains("malformed JWS: the signature (part 3) is not canonical base64url"), "\(output)")
+        #expect(!output.contains("valid: "))
+    }
 }

@@ -25,6 +25,40 @@ struct CompactJWSTests {
         }
     }
 
+    @Test("base64url decoding is strict: non-zero unused bits and 4n+1 lengths refused", arguments: 1..<40)
+    func base64urlCanonical(length: Int) throws {
+        let bytes = (0..<length).map { UInt8(truncatingIfNeeded: $0 * 53 + 7) }
+        let text = Base64URL.encode(bytes)
+        let alphabet = Array("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+        let unusedBits = length % 3 == 1 ? 0x0f : length % 3 == 2 ? 0x03 : 0
+        let last = try #require(alphabet.firstIndex(of: text.last!))
+        // Each last character that differs only in the unused bits would decode to the same bytes if they were ignored.
+        for bits in 1..<(unusedBits + 1) {
+            let sibling = String(text.dropLast()) + String(alphabet[last | bits])
+            #expect(Base64URL.decode(sibling) == nil, "\(sibling)")
+        }
+        #expect(Base64URL.decode(String(repeating: "A", count: 4 * (length / 4) + 1)) == nil, "4n + 1 characters encode no whole bytes")
+    }
+
+    @Test("a JWS part that is not canonical base64url is malformed, and the part is named")
+    func nonCanonicalPartNamed() throws {
+        let header = Base64URL.encode(Array(#"{"alg":"ES256","kid":"K","typ":"JWT"}"#.utf8))
+        let claims = Base64URL.encode(Array(#"{"iss":"x"}"#.utf8))
+        let signature = Base64URL.encode([UInt8](repeating: 0x11, count: 64))
+        // 2 characters left over carry 4 unused bits, 3 carry 2: Q = 010000 → R = 010001, 0 = 110100 → 1 = 110101.
+        #expect(signature.last == "Q" && header.last == "Q" && claims.last == "0")
+        let cases: [(String, String)] = [
+            ("\(header).\(claims).\(signature.dropLast())R", "the signature (part 3)"),
+            ("\(header.dropLast())R.\(claims).\(signature)", "the header (part 1)"),
+            ("\(header).\(claims.dropLast())1.\(signature)", "the claims (part 2)"),
+        ]
+        for (token, part) in cases {
+            let error = #expect(throws: JWSError.self) { try CompactJWS.decode(token) }
+            #expect(error?.code == "jws_base64url")
+            #expect(error?.message.hasPrefix(part) == true, "\(error?.message ?? "no error")")
+        }
+    }
+
     @Test("decode names malformed tokens, other algorithms and DER signatures")
     func decodeErrors() throws {
         let header = Base64URL.encode(Array(#"{"alg":"ES256","kid":"K","typ":"JWT"}"#.utf8))
