@@ -15,12 +15,20 @@ import Glibc
 ///   change (SoftHSM renumbers them);
 /// - `module-path`, or `module-name` resolved through p11-kit's registered
 ///   modules;
-/// - `pin-source=file:/path` (preferred) or `pin-value` (works, logs a warning).
+/// - `pin-source=file:/path` (preferred) or `pin-value` (works, logs a warning),
+///   never both.
+///
+/// Anything p11-kit would ignore or resolve silently is refused: an attribute
+/// it does not recognize (p11-kit keeps an unknown query attribute as a
+/// vendor attribute that nothing reads), an attribute given twice (p11-kit
+/// keeps the last), and `pin-value` together with `pin-source`.
 public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     // The P11KitUri is only read after init (matching copies the token info);
     // p11-kit's getters do not mutate it.
     private let uri: OpaquePointer
-    /// The URI as given, with any `pin-value` replaced by `***`: safe to log.
+    /// The URI as given (whitespace removed, as p11-kit reads it), with the
+    /// value of every `pin-value`, in the path or the query, replaced by
+    /// `***`: safe to log.
     public let redacted: String
     /// The `token` attribute (the token label), if given.
     public let tokenLabel: String?
@@ -38,8 +46,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     /// Parses `text`.
     /// - Parameter text: a `pkcs11:` URI.
     /// - Throws: ``HSMError/Code/invalidURI`` naming what is wrong (p11-kit's
-    ///   parse message, an unknown attribute, a `slot-id`, no token
-    ///   selector, no module).
+    ///   parse message, an attribute p11-kit does not recognize or one given
+    ///   twice, both `pin-value` and `pin-source`, a `slot-id`, no token
+    ///   selector, no module). The message names attributes, never a `pin-value`.
     public init(_ text: String) throws(HSMError) {
         redacted = PKCS11URI.redact(text)
         guard let uri = p11_kit_uri_new() else {
@@ -51,6 +60,7 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             let reason = p11_kit_uri_message(result).map { String(cString: $0) } ?? "code \(result)"
             throw HSMError(.invalidURI, "token_uri \(redacted) is not a valid PKCS#11 URI (RFC 7512): \(reason)")
         }
+        try PKCS11URI.checkAttributes(text)
         guard p11_kit_uri_any_unrecognized(uri) == 0 else {
             throw HSMError(.invalidURI, "token_uri \(redacted) has an attribute p11-kit does not recognize")
         }
@@ -74,6 +84,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         hasPINValue = p11_kit_uri_get_pin_value(uri) != nil
         guard pinSource != nil || hasPINValue else {
             throw HSMError(.invalidURI, "token_uri must say where the PIN is: add pin-source=file:/path/to/pin")
+        }
+        guard pinSource == nil || !hasPINValue else {
+            throw HSMError(.invalidURI, "token_uri has both pin-value and pin-source; keep one, preferably pin-source=file:/path/to/pin (which PIN to use would be ambiguous)")
         }
     }
 
@@ -164,13 +177,92 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         }
     }
 
+    /// One `name=value` attribute of a URI, as ``attributes(of:)`` finds it.
+    private struct Attribute {
+        /// Where the attribute is in the text without whitespace.
+        var range: Range<Int>
+        /// The name: the bytes before the first `=`, as p11-kit compares them (not percent-decoded).
+        var name: String
+        /// Whether it is in the query (after `?`) rather than the path.
+        var inQuery: Bool
+    }
+
+    /// Splits URI text into attributes the way `p11_kit_uri_parse` does:
+    /// whitespace (space, CR, LF, VT) removed anywhere, the scheme up to the
+    /// first `:`, path attributes separated by `;` up to `?` (an empty one
+    /// ends the path), then query attributes separated by `&`. Works on any
+    /// text, so that even a URI p11-kit refuses can be redacted.
+    /// - Parameter text: the URI as written.
+    /// - Returns: the text without whitespace, as bytes, and its attributes in order.
+    private static func attributes(of text: String) -> (bytes: [UInt8], attributes: [Attribute]) {
+        let bytes = text.utf8.filter { ![0x20, 0x0a, 0x0d, 0x0b].contains($0) }
+        var found: [Attribute] = []
+        func add(_ range: Range<Int>, inQuery: Bool) {
+            let name = bytes[range].prefix { $0 != UInt8(ascii: "=") }
+            found.append(Attribute(range: range, name: String(decoding: name, as: UTF8.self), inQuery: inQuery))
+        }
+        var index = (bytes.firstIndex(of: UInt8(ascii: ":")) ?? -1) + 1
+        while true {
+            let end = bytes[index...].firstIndex { $0 == UInt8(ascii: ";") || $0 == UInt8(ascii: "?") } ?? bytes.count
+            if end == index { break }
+            add(index..<end, inQuery: false)
+            index = end
+            if index == bytes.count || bytes[index] == UInt8(ascii: "?") { break }
+            index += 1
+        }
+        while index < bytes.count {
+            index += 1  // the `?`, `;` or `&` before the attribute
+            let end = bytes[index...].firstIndex(of: UInt8(ascii: "&")) ?? bytes.count
+            if end > index { add(index..<end, inQuery: true) }
+            index = end
+        }
+        return (bytes, found)
+    }
+
+    /// Refuses what p11-kit accepts silently: an attribute it does not
+    /// recognize, which it ignores (in the path it only sets
+    /// `p11_kit_uri_any_unrecognized`; in the query it keeps a vendor
+    /// attribute that nothing reads), and an attribute given twice, of which
+    /// p11-kit keeps the last (`pinfile` counts as `pin-source`, its older name).
+    /// - Parameter text: a URI p11-kit has parsed.
+    /// - Throws: ``HSMError/Code/invalidURI`` naming the attribute (never its value).
+    private static func checkAttributes(_ text: String) throws(HSMError) {
+        let query: Set<String> = ["pin-source", "pinfile", "pin-value", "module-name", "module-path"]  // p11-kit's parse_pin_query, parse_module_query
+        let (bytes, found) = attributes(of: text)
+        var seen: Set<String> = []
+        for attribute in found {
+            if attribute.inQuery ? !query.contains(attribute.name) : !recognizedInPath(String(decoding: bytes[attribute.range], as: UTF8.self)) {
+                throw HSMError(.invalidURI, "token_uri has the \(attribute.inQuery ? "query" : "path") attribute \"\(attribute.name)\", which p11-kit does not recognize and would ignore; signerd reads token, serial, manufacturer and model in the path, module-path, module-name, pin-source and pin-value in the query")
+            }
+            let name = attribute.name == "pinfile" ? "pin-source" : attribute.name
+            guard seen.insert(name).inserted else {
+                throw HSMError(.invalidURI, "token_uri has \(name) more than once\(attribute.name == name ? "" : " (pinfile is another name for it)"); give each attribute once (p11-kit would use the last without a word)")
+            }
+        }
+    }
+
+    /// Whether p11-kit recognizes `attribute` (`name=value`) as a path attribute:
+    /// parsed alone, it leaves `p11_kit_uri_any_unrecognized` unset.
+    private static func recognizedInPath(_ attribute: String) -> Bool {
+        // When it cannot tell (no memory), the whole URI's flag still decides.
+        guard let single = p11_kit_uri_new() else { return true }
+        defer { p11_kit_uri_free(single) }
+        guard p11_kit_uri_parse("pkcs11:" + attribute, P11_KIT_URI_FOR_ANY, single) == P11_KIT_URI_OK.rawValue else { return true }
+        return p11_kit_uri_any_unrecognized(single) == 0
+    }
+
+    /// The URI with the value of every `pin-value` attribute, in the path or
+    /// the query, replaced by `***` (and whitespace removed, as p11-kit does).
     private static func redact(_ text: String) -> String {
-        guard let query = text.firstIndex(of: "?") else {
-            return text
+        let (bytes, found) = attributes(of: text)
+        var out: [UInt8] = []
+        var index = 0
+        for attribute in found where attribute.name == "pin-value" {
+            out += bytes[index..<attribute.range.lowerBound]
+            out += Array("pin-value=***".utf8)
+            index = attribute.range.upperBound
         }
-        let parts = text[text.index(after: query)...].split(separator: "&", omittingEmptySubsequences: false).map { part in
-            part.hasPrefix("pin-value=") ? "pin-value=***" : String(part)
-        }
-        return String(text[..<query]) + "?" + parts.joined(separator: "&")
+        out += bytes[index...]
+        return String(decoding: out, as: UTF8.self)
     }
 }

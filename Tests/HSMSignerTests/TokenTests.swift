@@ -199,6 +199,43 @@ struct TokenURITests {
         #expect(error?.code == .invalidURI)
     }
 
+    static let base = "pkcs11:token=signer?module-path=/x.so&"
+
+    @Test("what p11-kit would take silently is refused, naming the attribute and never the PIN", arguments: [
+        (base + "pin-value=s3cret&pin-source=file:/nonexistent", "both pin-value and pin-source"),
+        (base + "pin-source=file:/nonexistent&pin-value=s3cret", "both pin-value and pin-source"),
+        (base + "pin-value=s3cret&pin-value=s3cret2", "pin-value more than once"),
+        (base + "pin-source=file:/a&pin-source=file:/b", "pin-source more than once"),
+        (base + "pin-source=file:/a&pinfile=file:/b", "pin-source more than once (pinfile"),
+        (base + "pin-source=file:/a&module-path=/y.so", "module-path more than once"),
+        (base + "pin-source=file:/a&bogus=1", "query attribute \"bogus\""),
+        (base + "pin-value=s3cret&token=other", "query attribute \"token\""),
+        ("pkcs11:token=signer;token=other?module-path=/x.so&pin-source=file:/p", "token more than once"),
+        ("pkcs11:token=signer;serial=1;serial=2?module-path=/x.so&pin-source=file:/p", "serial more than once"),
+        ("pkcs11:token=signer;bogus=1?module-path=/x.so&pin-source=file:/p", "path attribute \"bogus\""),
+        ("pkcs11:token=signer;pin-value=s3cret?module-path=/x.so&pin-value=s3cret", "pin-value more than once"),
+    ])
+    func ambiguous(_ text: String, _ named: String) throws {
+        let error = #expect(throws: HSMError.self) { try PKCS11URI(text) }
+        #expect(error?.code == .invalidURI)
+        #expect(error?.message.contains(named) == true, "\(error?.message ?? "no error")")
+        #expect(error?.description.contains("s3cret") == false)
+    }
+
+    @Test("pin-value is masked wherever it is: in the path, after whitespace, in a URI p11-kit refuses")
+    func redactedEverywhere() throws {
+        let path = try PKCS11URI("pkcs11:token=signer;pin-value=s3cret?module-path=/x.so")
+        #expect(path.hasPINValue)
+        #expect(path.redacted == "pkcs11:token=signer;pin-value=***?module-path=/x.so")
+        let spaced = try PKCS11URI("pkcs11:token=signer?module-path=/x.so&pin-\nvalue=s3cret")
+        #expect(spaced.redacted == "pkcs11:token=signer?module-path=/x.so&pin-value=***")
+        let query = try PKCS11URI("pkcs11:token=signer?module-path=/x.so&pin-value=s3?c;ret")
+        #expect(query.redacted == "pkcs11:token=signer?module-path=/x.so&pin-value=***")
+        let refused = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=signer;pin-value=s3cret?module-path=/x.so&pin-value=%zz") }
+        #expect(refused?.description.contains("s3cret") == false, "\(refused?.description ?? "")")
+        #expect(refused?.description.contains("%zz") == false, "\(refused?.description ?? "")")
+    }
+
     @Test("module-name resolves through p11-kit's registered modules")
     func moduleName() throws {
         let uri = try PKCS11URI("pkcs11:token=x?module-name=softhsm2&pin-source=file:/nonexistent")
