@@ -166,7 +166,7 @@ public struct SignerConfiguration: Sendable, Equatable {
             case .unknownField:
                 throw ConfigurationError("unknown configuration key \(error.field ?? "?"); known keys: \(knownKeys.sorted().joined(separator: ", "))")
             case .invalidJSON:
-                throw ConfigurationError("not a JSON object")
+                throw ConfigurationError(invalidJSONMessage(bytes, repeated: error.field))
             default:
                 throw ConfigurationError("\(error.field ?? "configuration"): \(error.message)")
             }
@@ -175,6 +175,36 @@ public struct SignerConfiguration: Sendable, Equatable {
         } catch {
             throw ConfigurationError("\(error)")
         }
+    }
+
+    /// Why ``FieldReader`` refused the file as `invalid_json`, in the
+    /// file's terms, with its own checks: empty, not UTF-8, not JSON, not
+    /// an object, or a member named twice.
+    /// - Parameters:
+    ///   - bytes: the file's contents.
+    ///   - repeated: the `field` of FieldReader's error: the member named twice, if it told.
+    private static func invalidJSONMessage(_ bytes: [UInt8], repeated: String?) -> String {
+        if bytes.allSatisfy({ [0x20, 0x09, 0x0a, 0x0d].contains($0) }) {
+            return "the file is empty; it must hold one JSON object, e.g. {\"token_uri\": \"pkcs11:…\"}"
+        }
+        if let problem = FieldReader.notUTF8(bytes) {
+            return "the file is not UTF-8 JSON text (\(problem)); save it as UTF-8 without a byte-order mark (RFC 8259 §8.1)"
+        }
+        let parsed: Any
+        do {
+            parsed = try JSONSerialization.jsonObject(with: Data(bytes), options: .fragmentsAllowed)
+        } catch {
+            // Foundation says where, e.g. "Invalid value around character 2."
+            let detail = ((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String)?.trimmingCharacters(in: CharacterSet(charactersIn: ". "))
+            return "the file is not valid JSON (RFC 8259)\(detail.map { ": \($0)" } ?? ""); it must hold one JSON object"
+        }
+        guard parsed is [String: Any] else {
+            return "the file holds \(JSONValue(foundation: parsed)?.kind ?? "a value") where one JSON object is expected"
+        }
+        if let name = repeated ?? FieldReader.repeatedMemberName(in: bytes) {
+            return "the key \"\(name)\" appears more than once in one object; give each key once (only the last would count)"
+        }
+        return "the file is not one JSON object signerd can read"
     }
 
     private static func parseFields(_ bytes: [UInt8]) throws -> SignerConfiguration {

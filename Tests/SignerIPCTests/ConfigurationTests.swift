@@ -62,6 +62,23 @@ struct ConfigurationTests {
         #expect(error?.message.contains(key) == true, "\(error?.message ?? "no error")")
     }
 
+    @Test("an empty file, broken JSON, a non-object and a key given twice each get their own message", arguments: [
+        ("", "the file is empty"),
+        (" \n", "the file is empty"),
+        ("{ not json", "the file is not valid JSON"),
+        ("{\"token_uri\": \"\(uri)\",}x", "the file is not valid JSON"),
+        ("[1, 2]", "the file holds an array where one JSON object is expected"),
+        ("\"token_uri\"", "the file holds a string where one JSON object is expected"),
+        ("{\"token_uri\": \"\(uri)\", \"keys\": [], \"keys\": []}", "the key \"keys\" appears more than once in one object"),
+        ("{\"token_uri\": \"\(uri)\", \"keys\": [{\"key_id\": \"ABC123DEFG\", \"key_id\": \"XYZ987WVUT\", \"bundle_ids\": [\"a\"]}]}",
+         "the key \"key_id\" appears more than once in one object"),
+        ("\u{FEFF}{\"token_uri\": \"\(uri)\"}", "the file is not UTF-8 JSON text"),
+    ])
+    func jsonProblemsNamed(_ json: String, _ expected: String) throws {
+        let error = #expect(throws: ConfigurationError.self) { try parse(json) }
+        #expect(error?.message.hasPrefix(expected) == true, "\(error?.message ?? "no error")")
+    }
+
     @Test("a bundle allow-list matches bytes, not canonically equivalent strings")
     func bundleAllowListIsExact() {
         let key = KeyConfiguration(keyID: "ABC123DEFG", bundleIDs: ["com.Kelvin.app", "com.ex\u{E4}mple.app"])
