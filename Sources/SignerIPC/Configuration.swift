@@ -7,6 +7,15 @@ public struct ConfigurationError: Error, Sendable, CustomStringConvertible {
     public var message: String
     /// Makes an error.
     public init(_ message: String) { self.message = message }
+    /// Makes an error about `key`, naming it once: `message` as it is when
+    /// it already starts with the key (as ``FieldReader``'s and
+    /// ``PKCS11URI``'s messages do), else after `key: `.
+    /// - Parameters:
+    ///   - key: the config key at fault (`keys[0].bundle_ids`).
+    ///   - message: what is wrong with it.
+    public init(key: String, _ message: String) {
+        self.message = message.hasPrefix(key) ? message : "\(key): \(message)"
+    }
     /// The message, naming the config key.
     public var description: String { message }
 }
@@ -168,7 +177,7 @@ public struct SignerConfiguration: Sendable, Equatable {
             case .invalidJSON:
                 throw ConfigurationError(invalidJSONMessage(bytes, repeated: error.field))
             default:
-                throw ConfigurationError("\(error.field ?? "configuration"): \(error.message)")
+                throw ConfigurationError(key: error.field ?? "configuration", error.message)
             }
         } catch let error as ConfigurationError {
             throw error
@@ -213,7 +222,7 @@ public struct SignerConfiguration: Sendable, Equatable {
         do {
             _ = try PKCS11URI(config.tokenURI)
         } catch {
-            throw ConfigurationError("token_uri: \(error.message)")
+            throw ConfigurationError(key: "token_uri", error.message)
         }
         if let path = try reader.optionalString("socket_path") {
             guard path.hasPrefix("/"), path.utf8.count < 108 else {

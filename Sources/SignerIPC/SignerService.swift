@@ -84,7 +84,7 @@ public final class SignerService: HTTPHandler, Sendable {
             oldURI = try PKCS11URI(old.tokenURI)
             newURI = try PKCS11URI(new.tokenURI)
         } catch {
-            throw ConfigurationError("token_uri: \(error.message)")
+            throw ConfigurationError(key: "token_uri", error.message)
         }
         guard oldURI.modulePath == newURI.modulePath, oldURI.moduleName == newURI.moduleName,
               oldURI.tokenLabel == newURI.tokenLabel, oldURI.tokenSerial == newURI.tokenSerial else {
@@ -93,7 +93,7 @@ public final class SignerService: HTTPHandler, Sendable {
         do {
             try token.reloadPIN(from: newURI)
         } catch {
-            throw ConfigurationError("token_uri: \(error.message)")
+            throw ConfigurationError(key: "token_uri", error.message)
         }
         token.forgetKey(nil)
         token.expectKeys(Set(new.keys.map(\.keyID)))

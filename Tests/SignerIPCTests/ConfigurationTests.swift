@@ -79,6 +79,25 @@ struct ConfigurationTests {
         #expect(error?.message.hasPrefix(expected) == true, "\(error?.message ?? "no error")")
     }
 
+    @Test("a message names the key once, also through load (what a refused reload logs)", arguments: [
+        ("{\"token_uri\": \"\(uri)\", \"keys\": [{\"key_id\": \"ABC123DEFG\", \"bundle_ids\": \"com.example.app\"}]}", "keys[0].bundle_ids"),
+        ("{\"token_uri\": \"\(uri)\", \"keys\": [{\"bundle_ids\": [\"a\"]}]}", "keys[0].key_id"),
+        ("{\"token_uri\": \"\(uri)\", \"session_pool_size\": \"8\"}", "session_pool_size"),
+        ("{}", "token_uri"),
+        ("{\"token_uri\": \"pkcs11:token=a\"}", "token_uri"),
+        ("{\"token_uri\": \"\(uri)&pin-value=1234\"}", "token_uri"),
+    ])
+    func keyNamedOnce(_ json: String, _ key: String) throws {
+        let path = NSTemporaryDirectory() + "signerd-config-\(UUID().uuidString).json"
+        try json.write(toFile: path, atomically: false, encoding: .utf8)
+        defer { try? FileManager.default.removeItem(atPath: path) }
+        let error = #expect(throws: ConfigurationError.self) { try SignerConfiguration.load(path: path) }
+        let message = error?.message ?? ""
+        #expect(message.hasPrefix("\(path): \(key)"), "\(message)")
+        #expect(message.components(separatedBy: key).count == 2, "\(message)")
+        #expect(!message.contains("1234"))
+    }
+
     @Test("a bundle allow-list matches bytes, not canonically equivalent strings")
     func bundleAllowListIsExact() {
         let key = KeyConfiguration(keyID: "ABC123DEFG", bundleIDs: ["com.Kelvin.app", "com.ex\u{E4}mple.app"])
