@@ -196,19 +196,25 @@ public final class HSMToken: @unchecked Sendable {
             throw HSMError(pkcs11: .getSlotList, rv, message: "cannot list the slots of \(functions.module.path)")
         }
         var matches: [(UInt, TokenInfo)] = []
-        var seen: [String] = []
+        var present: [String] = []
+        var uninitialized = 0
         for slot in slots {
             let (infoRV, info) = functions.tokenInfo(slot: slot)
             guard infoRV == .ok, let info else { continue }
-            seen.append(info.flags & P11.tokenInitialized == 0 ? "(an uninitialized token)" : "token=\(info.label)")
+            if info.flags & P11.tokenInitialized == 0 {
+                uninitialized += 1
+            } else {
+                present.append("token=\(info.label) (serial \(info.serial))")
+            }
             if info.matches(uri) { matches.append((slot, info)) }
         }
         guard matches.count == 1 else {
             let wanted = [uri.tokenLabel.map { "token=\($0)" }, uri.tokenSerial.map { "serial=\($0)" }].compactMap { $0 }.joined(separator: " ")
             if matches.isEmpty {
-                var error = HSMError(.tokenNotFound, "no token matches \(wanted) in \(functions.module.path); tokens present: \(seen.isEmpty ? "none" : seen.joined(separator: ", "))")
-                error.tokenLabel = uri.tokenLabel
-                throw error
+                // Only what the module has; the label asked for is in `wanted`, not
+                // in `tokenLabel`, which the description would append after the list.
+                if uninitialized > 0 { present.append("\(uninitialized) uninitialized token\(uninitialized == 1 ? "" : "s") (no label yet)") }
+                throw HSMError(.tokenNotFound, "no token matches \(wanted) in \(functions.module.path); the module has \(present.isEmpty ? "no tokens" : present.joined(separator: "; "))")
             }
             throw HSMError(.tokenNotFound, "\(matches.count) tokens match \(wanted); add serial= to the URI to pick one")
         }

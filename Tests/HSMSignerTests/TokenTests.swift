@@ -271,5 +271,11 @@ struct TokenURITests {
         let error = #expect(throws: HSMError.self) { try HSMToken(uri: uri, options: options) }
         #expect(error?.code == .tokenNotFound)
         #expect(error?.message.contains(token.label) == true)
+        // As signctl and the log show it: the label asked for once, and the list holds only what the module has.
+        let shown = try #require(error?.description)
+        #expect(shown.components(separatedBy: "absent").count == 2, "\(shown)")
+        let list = try #require(shown.components(separatedBy: "the module has ").last, "\(shown)")
+        #expect(list.contains("token=\(token.label) (serial "), "\(shown)")
+        #expect(list.hasSuffix("1 uninitialized token (no label yet)"), "\(shown)")  // SoftHSM keeps one free slot
     }
 }
