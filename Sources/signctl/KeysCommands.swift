@@ -51,6 +51,18 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     return .success
 }
 
+/// The one positional of `keys export-public` and `keys delete`, checked
+/// before the token is opened, so a mistyped ID is a usage error (exit 64)
+/// rather than `key_not_found`.
+/// - Throws: ``UsageError`` unless it is 10 characters A-Z0-9.
+func keyIDArgument(_ arguments: Arguments) throws -> String {
+    let keyID = try arguments.positionals(1, "KEY_ID")[0]
+    guard KeyID.isValid(keyID) else {
+        throw UsageError("KEY_ID must be 10 characters A-Z0-9, as App Store Connect shows it; got \(keyID)", hint: "list the key IDs on the token with: signctl keys list")
+    }
+    return keyID
+}
+
 func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: ["key-id"], flags: ["replace", "json"])
     if arguments.flag("help") {
@@ -131,7 +143,7 @@ func keysExportPublic(_ words: [String], configPath: String) throws -> ExitCode 
         print("usage: signctl keys export-public KEY_ID\n\nWrites the PEM SubjectPublicKeyInfo to stdout, byte-identical to `openssl ec -in FILE.p8 -pubout`.")
         return .success
     }
-    let keyID = try arguments.positionals(1, "KEY_ID")[0]
+    let keyID = try keyIDArgument(arguments)
     let token = try openToken(configPath: configPath)
     defer { token.close() }
     FileHandle.standardOutput.write(Data(try token.publicKey(keyID: keyID).pem.utf8))
@@ -144,7 +156,7 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         print("usage: signctl keys delete KEY_ID --yes\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.")
         return .success
     }
-    let keyID = try arguments.positionals(1, "KEY_ID")[0]
+    let keyID = try keyIDArgument(arguments)
     guard arguments.flag("yes") else {
         throw UsageError("deleting \(keyID) cannot be undone", hint: "add --yes to confirm")
     }

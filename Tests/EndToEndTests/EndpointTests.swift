@@ -142,4 +142,17 @@ struct EndpointTests {
         // signctl keys export-public equals openssl ec -pubout.
         #expect(try daemon.signctl(["keys", "export-public", "ABC123DEFG"]) == first.publicKeyPEM)
     }
+
+    @Test("signctl keys export-public and delete refuse a malformed KEY_ID before opening the token, naming it")
+    func malformedKeyIDArgument() throws {
+        let daemon = try DaemonHarness()  // a token with ABC123DEFG; no daemon needed
+        for arguments in [["keys", "export-public", "lower"], ["keys", "export-public", "abc123defg"], ["keys", "delete", "ABC123DEF", "--yes"]] {
+            let (status, output) = daemon.signctlStatus(arguments)
+            #expect(status == 64, "\(arguments): \(output)")
+            #expect(output.hasPrefix("error: KEY_ID must be 10 characters A-Z0-9"), "\(arguments): \(output)")
+            #expect(output.contains("got \(arguments[2])"))
+            #expect(!output.contains("key_not_found"))
+        }
+        #expect(try daemon.signctl(["keys", "list"]).contains("ABC123DEFG"), "nothing was deleted")
+    }
 }
