@@ -155,4 +155,24 @@ struct EndpointTests {
         }
         #expect(try daemon.signctl(["keys", "list"]).contains("ABC123DEFG"), "nothing was deleted")
     }
+
+    @Test("every signctl --json output is one JSON value and a trailing newline")
+    func jsonOutputEndsWithNewline() throws {
+        let daemon = try DaemonHarness()  // the daemon is not started: health reports it unreachable
+        let header = Base64URL.encode(Array(#"{"alg":"ES256","kid":"ABC123DEFG","typ":"JWT"}"#.utf8))
+        let jws = header + "." + Base64URL.encode(Array(#"{"iss":"x"}"#.utf8)) + "." + Base64URL.encode([UInt8](repeating: 1, count: 64))
+        try daemon.keys["ABC123DEFG"]!.publicKeyPEM.write(toFile: daemon.directory + "/pub.pem", atomically: false, encoding: .utf8)
+        let commands: [(arguments: [String], status: Int32)] = [
+            (["keys", "list", "--json"], 0),
+            (["keys", "import", "--replace", "--json", daemon.directory + "/AuthKey_ABC123DEFG.p8"], 0),
+            (["verify", "jws", jws, "--public-key", daemon.directory + "/pub.pem", "--json"], 65),  // decodes, does not verify
+            (["health", "--json"], 69),
+        ]
+        for (arguments, expected) in commands {
+            let (status, output) = daemon.signctlStatus(arguments)  // these write nothing to stderr
+            #expect(status == expected, "\(arguments): \(output)")
+            #expect(output.hasSuffix("\n") && !output.hasSuffix("\n\n"), "\(arguments): \(output.debugDescription)")
+            #expect((try? JSONSerialization.jsonObject(with: Data(output.utf8))) != nil, "\(arguments): \(output)")
+        }
+    }
 }
