@@ -651,10 +651,21 @@ public final class HSMToken: @unchecked Sendable {
                     missing.append(keyID)
                 }
             }
-            // The token itself answered (found, logged in): a key that is not
-            // on it now was deleted (by signctl in another process, say). It
-            // is no longer expected, so asking for it is a plain 404 rather
-            // than another outage.
+            // New sessions on a module that was not reinitialized can still
+            // see the token while its storage is gone (SoftHSM keeps the token
+            // in memory when its directory is moved away; the objects are
+            // gone): that tells a lost key from a deleted one only after
+            // C_Finalize + C_Initialize. So escalate instead of concluding.
+            if !missing.isEmpty && !reinitialize {
+                state.withLock { $0.needsReinitialize = true }
+                logger.warning("keys_not_found_before_reinitialize", ["keys": .string(missing.joined(separator: ",")), "token.label": .string(label),
+                                                                      "hint": "the module is reinitialized before these keys count as deleted"])
+                return .failure(HSMError(.keyNotFound, "keys \(missing.joined(separator: ", ")) not found on new sessions"))
+            }
+            // The reinitialized token itself answered (found, logged in): a
+            // key that is not on it now was deleted (by signctl in another
+            // process, say). It is no longer expected, so asking for it is a
+            // plain 404 rather than another outage.
             if !missing.isEmpty {
                 state.withLock { state in
                     for keyID in missing { state.knownKeys.remove(keyID) }

@@ -209,6 +209,32 @@ struct FaultToleranceTests {
         print("FAULT-OUTCOME every session hung: /healthz + /metrics answered in \(String(format: "%.3f", probeSeconds)) s; hung requests answered \(got.map { "\($0.status) after \(String(format: "%.2f", $0.seconds)) s" })")
     }
 
+    /// Found by the real-outage test under load: with a call still inside
+    /// the module, recovery tried new sessions without C_Finalize +
+    /// C_Initialize, SoftHSM still showed the token (its directory gone), the
+    /// key was not found, was taken as deleted, and requests got 404
+    /// key_not_found during the outage instead of 503.
+    @Test("keys missing on new sessions of a module that was not reinitialized are not taken as deleted: 503 until a reinitialized module answers")
+    func keysMissingBeforeReinitialize() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let client = SignerClient(socketPath: daemon.socketPath)
+        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
+        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
+        // The token's storage goes away: every object search finds nothing.
+        daemon.faults.hideObjects()
+        daemon.token.markDown(reason: PKCS11ReturnValue.sessionHandleInvalid.name, reinitialize: false)
+        #expect(poll(seconds: 5) { daemon.logged("keys_not_found_before_reinitialize") + daemon.logged("token_up") > 0 })
+        #expect(daemon.logged("keys_not_found_before_reinitialize") == 1, "the light attempt did not conclude the key was deleted")
+        let during = try client.send("POST", "/v1/sign/promotional-offer", body: body)
+        #expect(during.status == 503, "\(String(decoding: during.body, as: UTF8.self))")
+        // The storage comes back: the reinitialized module finds the key, and it signs.
+        daemon.faults.clear()
+        #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 })
+        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
+        #expect(daemon.logged("key_missing_after_recovery") == 0)
+    }
+
     @Test("CKR_PIN_INCORRECT on login: exactly one C_Login however many requests arrive; readiness says why; a reload with the right PIN recovers")
     func wrongPIN() throws {
         let daemon = try InProcessDaemon()

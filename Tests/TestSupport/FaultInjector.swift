@@ -31,6 +31,9 @@ package final class FaultInjector: PKCS11Interposer {
         var loggedOut = false
         /// Object handles went stale: C_SignInit fails until the key is searched again.
         var staleObjects = false
+        /// The token's objects are gone (its storage lost): searches find
+        /// nothing and C_SignInit fails with `CKR_KEY_HANDLE_INVALID`.
+        var objectsHidden = false
         /// The device is away until this instant (MonotonicClock ns), answering `outageValue`.
         var outageUntil: UInt64 = 0
         var outageValue: PKCS11ReturnValue = .deviceRemoved
@@ -69,6 +72,13 @@ package final class FaultInjector: PKCS11Interposer {
         state.withLock { $0.staleObjects = true }
     }
 
+    /// The token's storage goes away while the token still answers (as
+    /// SoftHSM does when its token directory is moved): object searches find
+    /// nothing and signing fails with `CKR_KEY_HANDLE_INVALID`, until ``clear()``.
+    public func hideObjects() {
+        state.withLock { $0.objectsHidden = true }
+    }
+
     /// The device answers `rv` to everything for `seconds`.
     public func outage(_ rv: PKCS11ReturnValue, seconds: Double) {
         state.withLock {
@@ -103,6 +113,12 @@ package final class FaultInjector: PKCS11Interposer {
             if function == .login { state.loggedOut = false }
             if state.loggedOut, function == .signInit || function == .sign {
                 return (.userNotLoggedIn, 0)
+            }
+            if state.objectsHidden, function == .findObjects {
+                return (.ok, 0)  // answered without the module: an empty result
+            }
+            if state.objectsHidden, function == .signInit {
+                return (.keyHandleInvalid, 0)
             }
             if function == .findObjectsInit { state.staleObjects = false }
             if state.staleObjects, function == .signInit {

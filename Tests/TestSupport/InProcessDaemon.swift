@@ -157,3 +157,13 @@ public final class LineCollector: Sendable {
     public func append(_ line: String) { storage.withLock { $0.append(line) } }
     public var lines: [String] { storage.withLock { $0 } }
 }
+
+/// Checks `condition` every 10 ms until it holds (true) or `seconds` pass (false).
+public func poll(seconds: Double, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while !condition() {
+        if Date() >= deadline { return false }
+        usleep(10_000)
+    }
+    return true
+}

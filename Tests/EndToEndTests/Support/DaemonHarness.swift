@@ -253,15 +253,6 @@ final class LogBuffer: Sendable {
     }
 }
 
-/// Checks `condition` every 10 ms until it holds (true) or `seconds` pass (false).
-func poll(seconds: Double, _ condition: () -> Bool) -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while !condition() {
-        if Date() >= deadline { return false }
-        usleep(10_000)
-    }
-    return true
-}
 
 /// Signing clients against a running daemon, each on its own keep-alive
 /// connection, every answer recorded with its time and whether the returned
