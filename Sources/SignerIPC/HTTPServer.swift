@@ -200,6 +200,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// Keeps a flood of refused connections or malformed requests from flooding the log.
     private let libraryWarnings = LogThrottle(linesPerWindow: 20, windowSeconds: 10)
     private let refusalWarnings = LogThrottle(linesPerWindow: 5, windowSeconds: 10)
+    private let slowWarnings = LogThrottle(linesPerWindow: 10, windowSeconds: 10)
     private let processing = Atomic<Int>(0)
     /// Set when draining: responses carry `Connection: close`.
     let draining = Atomic<Bool>(false)
@@ -348,10 +349,12 @@ public final class HTTPServer: @unchecked Sendable {
         // hold it open.
         shutdown(connection.descriptor, Int32(SHUT_RDWR))
         metrics?.count("dropped_slow_requests")
-        logger.warning("slow_request_dropped", [
-            "peer.uid": .int(Int64(connection.peer?.uid ?? 0)), "peer.pid": .int(Int64(connection.peer?.pid ?? 0)),
-            "limit.seconds": .double(options.requestTimeoutSeconds),
-        ])
+        slowWarnings.admit { suppressed in
+            logger.warning("slow_request_dropped", [
+                "peer.uid": .int(Int64(connection.peer?.uid ?? 0)), "peer.pid": .int(Int64(connection.peer?.pid ?? 0)),
+                "limit.seconds": .double(options.requestTimeoutSeconds), "suppressed_before": .int(Int64(suppressed)),
+            ])
+        }
     }
 
     /// Answers a request still in a blocking handler past its deadline.

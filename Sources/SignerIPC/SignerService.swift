@@ -42,6 +42,8 @@ public final class SignerService: HTTPHandler, Sendable {
     private let readiness = Locked<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64, status: TokenStatus)?>(nil)
     private let readinessRefresh = Locked(())
     private let rateBuckets = Locked<[UInt32: (tokens: Double, at: UInt64)]>([:])
+    /// A refused peer sending in a loop must not write a log line per request.
+    private let forbiddenWarnings = LogThrottle(linesPerWindow: 10, windowSeconds: 10)
     private let groupCache = Locked<[UInt32: (groups: [UInt32], at: UInt64)]>([:])
     private let ownUID = getuid()
     /// `sign_timeout_ms` at start, in seconds (the request deadline is fixed at start too).
@@ -124,7 +126,10 @@ public final class SignerService: HTTPHandler, Sendable {
         // Who may call comes first: a peer that is not allowed learns nothing, not even which paths exist.
         guard isAllowed(peer, config) else {
             metrics.count("forbidden")
-            logger.warning("peer_forbidden", ["peer.uid": .int(Int64(peer.uid)), "peer.gid": .int(Int64(peer.gid)), "peer.pid": .int(Int64(peer.pid)), "http.path": .string(path)])
+            forbiddenWarnings.admit { suppressed in
+                logger.warning("peer_forbidden", ["peer.uid": .int(Int64(peer.uid)), "peer.gid": .int(Int64(peer.gid)), "peer.pid": .int(Int64(peer.pid)),
+                                                  "http.path": .string(path), "suppressed_before": .int(Int64(suppressed))])
+            }
             return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")))
         }
         guard let route else {
@@ -349,7 +354,10 @@ public final class SignerService: HTTPHandler, Sendable {
             }
             guard callerMay(key) else {
                 metrics.count("forbidden")
-                logger.warning("peer_forbidden_for_key", ["peer.uid": .int(Int64(peer.uid)), "peer.pid": .int(Int64(peer.pid)), "key.id": .string(keyID)])
+                forbiddenWarnings.admit { suppressed in
+                    logger.warning("peer_forbidden_for_key", ["peer.uid": .int(Int64(peer.uid)), "peer.pid": .int(Int64(peer.pid)), "key.id": .string(keyID),
+                                                              "suppressed_before": .int(Int64(suppressed))])
+                }
                 throw APIError(.forbidden, "uid \(peer.uid) may not use key \(keyID)", field: "key_id")
             }
             return key

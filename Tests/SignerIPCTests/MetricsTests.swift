@@ -45,3 +45,19 @@ struct MetricsTests {
         #expect(abs(sum - expectedSum) < 1e-3, "sum \(sum), expected \(expectedSum)")
     }
 }
+
+@Suite("Log throttle")
+struct LogThrottleTests {
+    @Test("lets the first lines of a window through, counts the rest, and reports them with the next line logged")
+    func throttles() {
+        let throttle = LogThrottle(linesPerWindow: 10, windowSeconds: 0.2)
+        var logged: [Int] = []
+        for _ in 0..<25 { throttle.admit { logged.append($0) } }
+        #expect(logged == Array(repeating: 0, count: 10))
+        usleep(250_000)  // the next window
+        throttle.admit { logged.append($0) }
+        #expect(logged.last == 15, "the 15 lines left out are reported once")
+        throttle.admit { logged.append($0) }
+        #expect(logged.last == 0)
+    }
+}
