@@ -109,6 +109,17 @@ public enum MonotonicClock {
         return UInt64(time.tv_sec) * 1_000_000_000 + UInt64(time.tv_nsec)
     }
 
+    /// Nanoseconds from `start` to `end`, 0 when `end` is earlier. Two
+    /// threads that read the clock and then take a lock can store their
+    /// instants out of order, so `end - start` on `UInt64` would trap.
+    /// - Parameters:
+    ///   - start: an earlier ``now()`` reading.
+    ///   - end: a later ``now()`` reading (usually).
+    /// - Returns: the non-negative difference.
+    public static func nanoseconds(from start: UInt64, to end: UInt64) -> UInt64 {
+        end > start ? end - start : 0
+    }
+
     /// The instant `seconds` from now, in nanoseconds.
     /// - Parameter seconds: a non-negative duration.
     public static func deadline(after seconds: Double) -> UInt64 {

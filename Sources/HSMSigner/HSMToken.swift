@@ -604,7 +604,7 @@ public final class HSMToken: @unchecked Sendable {
                     return (state.label, state.downSince)
                 }
                 logger.notice("token_up", ["token.label": .string(label), "recovery.attempts": .int(Int64(attempt)),
-                                           "recovery.ms": .int(Int64((MonotonicClock.now() - since) / 1_000_000))])
+                                           "recovery.ms": .int(Int64(MonotonicClock.nanoseconds(from: since, to: MonotonicClock.now()) / 1_000_000))])
                 return
             case .failure(let error) where error.code == .pinRejected:
                 state.withLock { $0.recovering = false }

@@ -614,7 +614,7 @@ final class LogThrottle: Sendable {
     func admit(_ log: (_ suppressed: Int) -> Void) {
         let now = MonotonicClock.now()
         let suppressed: Int? = state.withLock { state in
-            if now - state.windowStart >= windowNanoseconds {
+            if MonotonicClock.nanoseconds(from: state.windowStart, to: now) >= windowNanoseconds && now > state.windowStart {
                 state.windowStart = now
                 state.lines = 0
             }

@@ -296,7 +296,7 @@ public final class SignerService: HTTPHandler, Sendable {
     /// The groups of the peer's user (`getgrouplist`), cached for a minute.
     private func supplementaryGroups(of uid: UInt32) -> [UInt32] {
         let now = MonotonicClock.now()
-        if let cached = groupCache.withLock({ $0[uid] }), now - cached.at < 60_000_000_000 {
+        if let cached = groupCache.withLock({ $0[uid] }), MonotonicClock.nanoseconds(from: cached.at, to: now) < 60_000_000_000 {
             return cached.groups
         }
         var groups: [UInt32] = []
@@ -317,8 +317,9 @@ public final class SignerService: HTTPHandler, Sendable {
         let now = MonotonicClock.now()
         let allowed: Bool = rateBuckets.withLock { buckets in
             var bucket = buckets[peer.uid] ?? (config.rateLimitBurst, now)
-            bucket.tokens = min(config.rateLimitBurst, bucket.tokens + Double(now - bucket.at) / 1e9 * config.rateLimitPerSecond)
-            bucket.at = now
+            // Another thread may have stored a later instant after this one read the clock.
+            bucket.tokens = min(config.rateLimitBurst, bucket.tokens + Double(MonotonicClock.nanoseconds(from: bucket.at, to: now)) / 1e9 * config.rateLimitPerSecond)
+            bucket.at = max(bucket.at, now)
             let ok = bucket.tokens >= 1
             if ok { bucket.tokens -= 1 }
             buckets[peer.uid] = bucket
@@ -522,7 +523,7 @@ public final class SignerService: HTTPHandler, Sendable {
         let maxAge = UInt64(config.readinessCacheSeconds * 1e9)
         // A cached answer holds while it is young and the token has not changed state since.
         func fresh() -> (Bool, ReadinessResponse)? {
-            guard let cached = readiness.withLock({ $0 }), MonotonicClock.now() - cached.checkedAt <= maxAge,
+            guard let cached = readiness.withLock({ $0 }), MonotonicClock.nanoseconds(from: cached.checkedAt, to: MonotonicClock.now()) <= maxAge,
                   cached.status == token.status else { return nil }
             return (cached.ready, cached.response)
         }

@@ -123,6 +123,40 @@ struct LifecycleTests {
         #expect(!daemon.logged { $0.contains("\"no_keys_configured\"") }.isEmpty)
     }
 
+    /// The rate limiter read the clock before taking its lock, and another
+    /// thread could store a later instant first: `now - bucket.at` on UInt64
+    /// trapped (SIGILL) within seconds under 6 keep-alive clients.
+    @Test("8 clients racing through the per-uid rate limiter for 3 s: the daemon stays up and answers every request")
+    func rateLimiterUnderConcurrency() throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["rate_limit_per_second": 1_000_000, "rate_limit_burst": 1_000_000])
+        try daemon.start()
+        defer { daemon.stop() }
+        let failures = Atomic<Int>(0)
+        let answered = Atomic<Int>(0)
+        let group = DispatchGroup()
+        let end = Date().addingTimeInterval(3)
+        for _ in 0..<8 {
+            group.enter()
+            OSThread.start {
+                defer { group.leave() }
+                let client = daemon.client()
+                defer { client.close() }
+                while Date() < end {
+                    if (try? client.send("GET", "/healthz").status) == 200 {
+                        answered.add(1, ordering: .relaxed)
+                    } else {
+                        failures.add(1, ordering: .relaxed)
+                    }
+                }
+            }
+        }
+        group.wait()
+        #expect(daemon.process?.isRunning == true, "signerd died: \(daemon.log.suffix(3))")
+        #expect(failures.load(ordering: .relaxed) == 0)
+        #expect(answered.load(ordering: .relaxed) > 1000)
+    }
+
     @Test("SIGTERM during 8 concurrent request loops: every response carries a valid signature, exit 0, socket removed")
     func sigtermDrains() throws {
         let daemon = try DaemonHarness()
