@@ -461,30 +461,43 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
-    /// Why the request's body framing is ambiguous, or nil. RFC 9112 §6.3:
-    /// `Content-Length` values that differ make the message length
-    /// unknowable, and `Content-Length` beside `Transfer-Encoding` is how
-    /// request smuggling starts; libmicrohttpd takes the first
+    /// Why the request's body framing is ambiguous or missing, or nil
+    /// (RFC 9112 §6): `Content-Length` values that differ make the message
+    /// length unknowable; `Content-Length` beside `Transfer-Encoding` is how
+    /// request smuggling starts; a transfer coding other than `chunked`
+    /// alone has no length signerd can read; and a POST with neither header
+    /// (libmicrohttpd drops a folded `Content-Length` line) would have its
+    /// body read as the next request. libmicrohttpd takes the first
     /// `Content-Length` and would read what follows as another request.
-    private static func ambiguousFraming(_ connection: OpaquePointer) -> String? {
-        var headers = (lengths: [String](), transferEncoding: false)
+    private static func framingProblem(_ connection: OpaquePointer, method: String) -> String? {
+        var headers = (lengths: [String](), codings: [String]())
         withUnsafeMutablePointer(to: &headers) { pointer in
             _ = MHD_get_connection_values(connection, .HEADER_KIND, { context, _, key, value in
                 guard let context, let key else { return .YES }
-                let headers = context.assumingMemoryBound(to: (lengths: [String], transferEncoding: Bool).self)
+                let headers = context.assumingMemoryBound(to: (lengths: [String], codings: [String]).self)
+                let text = value.map { String(cString: $0) } ?? ""
                 if strcasecmp(key, "Content-Length") == 0 {
-                    headers.pointee.lengths.append(value.map { String(cString: $0) } ?? "")
+                    headers.pointee.lengths.append(text)
                 } else if strcasecmp(key, "Transfer-Encoding") == 0 {
-                    headers.pointee.transferEncoding = true
+                    headers.pointee.codings.append(text)
                 }
                 return .YES
             }, pointer)
         }
-        if headers.transferEncoding && !headers.lengths.isEmpty {
+        if !headers.codings.isEmpty && !headers.lengths.isEmpty {
             return "the request has both Content-Length and Transfer-Encoding"
         }
         if Set(headers.lengths).count > 1 {
             return "the request has Content-Length \(headers.lengths.joined(separator: " and "))"
+        }
+        if !headers.codings.isEmpty {
+            let codings = headers.codings.joined(separator: ",").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
+            if codings != ["chunked"] {
+                return "the request has Transfer-Encoding \(headers.codings.joined(separator: ", ")), which signerd does not read"
+            }
+        }
+        if method == "POST" && headers.lengths.isEmpty && headers.codings.isEmpty {
+            return "the POST request has neither Content-Length nor Transfer-Encoding (a header folded onto a second line is not read)"
         }
         return nil
     }
@@ -520,7 +533,7 @@ public final class HTTPServer: @unchecked Sendable {
                 state.answered = true
                 return server.queue(early, path: state.path, on: connection)
             }
-            if let problem = HTTPServer.ambiguousFraming(connection) {
+            if let problem = HTTPServer.framingProblem(connection, method: methodName) {
                 state.answered = true
                 var response = HTTPResponse(error: APIError(.badRequest, "\(problem); send one Content-Length, or Transfer-Encoding: chunked alone (RFC 9112 §6)"))
                 response.headers.append(("Connection", "close"))

@@ -170,18 +170,24 @@ struct BadInputTests {
 
     /// RFC 9112 §6.3: libmicrohttpd took the first of two Content-Length
     /// values and answered the rest of the body as a second, pipelined request.
-    @Test("ambiguous framing (two Content-Length values, Content-Length with Transfer-Encoding) gets 400 bad_request and a closed connection")
+    @Test("ambiguous or missing framing (two Content-Length values, Content-Length with Transfer-Encoding, a folded Content-Length, a coding other than chunked) gets 400 bad_request and a closed connection")
     func ambiguousFraming() throws {
         let sign = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
         let smuggled = "GET /v1/keys HTTP/1.1\r\nHost: x\r\n\r\n"
+        // A whole signing request hidden in the body must never be answered on its own.
+        let hidden = "POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(sign.utf8.count)\r\n\r\n\(sign)"
         let heads = [
             "Content-Length: \(sign.utf8.count)\r\nContent-Length: \(sign.utf8.count + smuggled.utf8.count)\r\n",
             "Content-Length: \(sign.utf8.count)\r\nTransfer-Encoding: chunked\r\n",
+            // obs-fold: libmicrohttpd drops the folded line, leaving a POST with no length at all.
+            "Content-Length:\r\n \(hidden.utf8.count)\r\n",
+            "Transfer-Encoding: gzip\r\n",
         ]
         for head in heads {
             let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
             defer { connection.close() }
-            try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\(head)\r\n\(sign)\(smuggled)".utf8))
+            let rest = head.hasPrefix("Content-Length:\r\n") ? hidden : sign + smuggled
+            try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\(head)\r\n\(rest)".utf8))
             var received: [UInt8] = []
             while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
             let text = String(decoding: received, as: UTF8.self)
