@@ -81,6 +81,11 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             throw HSMError(.invalidURI, "token_uri must name the PKCS#11 module: add ?module-path=/path/to/module.so or ?module-name=<p11-kit module name>")
         }
         pinSource = p11_kit_uri_get_pin_source(uri).map { String(cString: $0) }
+        for (name, value) in [("module-path", modulePath), ("module-name", moduleName), ("pin-source", pinSource)] {
+            if let value, PKCS11URI.mentionsPINValue(value) || value.contains(";") || value.contains("?") {
+                throw HSMError(.invalidURI, "token_uri: the \(name) value holds \";\", \"?\" or a pin-value; separate query attributes with & (the value is not shown: it may hold a PIN)")
+            }
+        }
         hasPINValue = p11_kit_uri_get_pin_value(uri) != nil
         guard pinSource != nil || hasPINValue else {
             throw HSMError(.invalidURI, "token_uri must say where the PIN is: add pin-source=file:/path/to/pin")
@@ -251,18 +256,41 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         return p11_kit_uri_any_unrecognized(single) == 0
     }
 
-    /// The URI with the value of every `pin-value` attribute, in the path or
-    /// the query, replaced by `***` (and whitespace removed, as p11-kit does).
+    /// Attribute names whose values are never secret and are shown as
+    /// given: the token selectors and the module and PIN-file locations.
+    private static let shownAttributes: Set<String> = [
+        "token", "manufacturer", "serial", "model", "library-manufacturer", "library-description", "library-version",
+        "slot-description", "slot-manufacturer", "slot-id", "id", "object", "type",
+        "module-path", "module-name", "pin-source", "pinfile",
+    ]
+
+    /// The URI with the value of every attribute that is not known to be
+    /// safe replaced by `***` (whitespace removed, as p11-kit does): an
+    /// allow-list, so that `pin-value` in any spelling (`Pin-Value`,
+    /// `pin%2Dvalue`, `pin_value`) and anything unknown stay hidden. A
+    /// shown value that itself mentions a PIN value (`…so;pin-value=…`,
+    /// a missing `&`) is hidden too.
     private static func redact(_ text: String) -> String {
         let (bytes, found) = attributes(of: text)
         var out: [UInt8] = []
         var index = 0
-        for attribute in found where attribute.name == "pin-value" {
+        for attribute in found {
+            let raw = String(decoding: bytes[attribute.range], as: UTF8.self)
+            let value = raw.drop { $0 != "=" }.dropFirst()
+            let shown = shownAttributes.contains(attribute.name) && raw.contains("=") && !mentionsPINValue(String(value))
+            guard !shown else { continue }
             out += bytes[index..<attribute.range.lowerBound]
-            out += Array("pin-value=***".utf8)
+            out += Array((raw.contains("=") ? "\(raw.prefix { $0 != "=" })=***" : "***").utf8)
             index = attribute.range.upperBound
         }
         out += bytes[index...]
         return String(decoding: out, as: UTF8.self)
+    }
+
+    /// Whether `text`, percent-decoded and in lower case, names a PIN value
+    /// (`pin-value`, `pin_value`, `pinvalue`).
+    static func mentionsPINValue(_ text: String) -> Bool {
+        let plain = (text.removingPercentEncoding ?? text).lowercased()
+        return plain.contains("pin-value") || plain.contains("pin_value") || plain.contains("pinvalue")
     }
 }

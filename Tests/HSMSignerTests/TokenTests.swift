@@ -236,6 +236,34 @@ struct TokenURITests {
         #expect(refused?.description.contains("%zz") == false, "\(refused?.description ?? "")")
     }
 
+    /// Found by an attack run: redaction matched only `pin-value=`, so other
+    /// spellings reached --check-config output and the reload log, and a
+    /// value with a missing `&` reached module_not_found and PIN-file errors.
+    @Test("a PIN in any spelling, or inside another attribute's value, never appears in an error or the redacted URI", arguments: [
+        "pkcs11:token=signer?module-path=/x.so&pin-source=file:/p&Pin-Value=S3CRET",
+        "pkcs11:token=signer?module-path=/x.so&pin%2Dvalue=S3CRET",
+        "pkcs11:token=signer?module-path=/x.so&pin_value=S3CRET&&",
+        "pkcs11:token=signer?module-path=/x.so&pin-value:S3CRET",
+        "pkcs11:token=signer?module-path=/x.so&pin-value S3CRET",
+        "pkcs11:token=signer?module-path=/usr/lib/softhsm/libsofthsm2.so;pin-value=S3CRET&pin-source=file:/p",
+        "pkcs11:token=signer?module-path=/x.so&pin-source=file:/p?pin-value=S3CRET",
+    ])
+    func pinNeverShown(uri: String) {
+        do {
+            let parsed = try PKCS11URI(uri)
+            #expect(!parsed.redacted.contains("S3CRET"), "\(parsed.redacted)")
+            #expect(!parsed.description.contains("S3CRET"))
+            do {
+                _ = try parsed.resolveModulePath()
+                _ = try parsed.readPIN()
+            } catch {
+                #expect(!error.description.contains("S3CRET"), "\(error.description)")
+            }
+        } catch {
+            #expect(!error.description.contains("S3CRET"), "\(error.description)")
+        }
+    }
+
     @Test("module-name resolves through p11-kit's registered modules")
     func moduleName() throws {
         let uri = try PKCS11URI("pkcs11:token=x?module-name=softhsm2&pin-source=file:/nonexistent")
