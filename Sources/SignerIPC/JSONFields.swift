@@ -137,12 +137,13 @@ public enum JSONValue: Sendable, Equatable, Codable {
         case let text as String:
             self = .string(text)
         case let decimal as NSDecimalNumber:
-            // Beyond what Int64 and Double hold; kept only when it is an Int64 after all (−2⁶³).
-            let integer = decimal.int64Value
-            guard decimal.compare(NSDecimalNumber(value: integer)) == .orderedSame else {
+            // Foundation's form for what neither Int64 nor Double holds exactly:
+            // big integers and long fractions. The one integer literal among
+            // them that fits is −2⁶³; anything else could be signed changed.
+            guard decimal.compare(NSDecimalNumber(value: Int64.min)) == .orderedSame else {
                 throw JSONValue.inexact(decimal.stringValue, path: path)
             }
-            self = .integer(integer)
+            self = .integer(Int64.min)
         case let number as NSNumber:
             switch String(cString: number.objCType) {
             case "c", "B": self = .bool(number.boolValue)
@@ -162,7 +163,29 @@ public enum JSONValue: Sendable, Equatable, Codable {
     }
 
     private static func inexact(_ text: String, path: String) -> APIError {
-        APIError(.invalidField, "\(path.isEmpty ? "the value" : path) is \(text), beyond the numbers signerd signs exactly: integers from −9223372036854775808 to 9223372036854775807, or numbers a double holds", field: path.isEmpty ? nil : path)
+        APIError(.invalidField, "\(path.isEmpty ? "the value" : path) is \(text), beyond the numbers signerd signs exactly: integers from −9223372036854775808 to 9223372036854775807, written without a fraction or exponent", field: path.isEmpty ? nil : path)
+    }
+
+    /// The path of the first number with a fraction or exponent in the
+    /// value (`items[0].price`), or nil. Such a number is held as a
+    /// `Double`, whose shortest form may differ from what was sent
+    /// (`9007199254740993e0` reads as 9007199254740992, `1e-400` as 0).
+    /// - Parameter path: the value's own path.
+    public func firstFractionalNumber(path: String) -> String? {
+        switch self {
+        case .number: return path
+        case .object(let members):
+            for key in members.keys.sorted() {
+                if let found = members[key]!.firstFractionalNumber(path: path.isEmpty ? key : "\(path).\(key)") { return found }  // key from the dictionary
+            }
+            return nil
+        case .array(let values):
+            for (index, value) in values.enumerated() {
+                if let found = value.firstFractionalNumber(path: "\(path)[\(index)]") { return found }
+            }
+            return nil
+        default: return nil
+        }
     }
 
     /// How many members all objects in the value hold together.
@@ -257,6 +280,10 @@ public struct FieldReader {
             // The parser says where and why ("Too many nested arrays or dictionaries around character 513.").
             let reason = ((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String).map { ": \($0)" } ?? ""
             throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259)\(reason); send one JSON object")
+        }
+        // Unknown members are named before any problem inside a value.
+        if let object = parsed as? [String: Any] {
+            try Self.refuseUnknown(Array(object.keys), path: "", allowed: allowed)
         }
         let value = try JSONValue(foundation: parsed, path: "")
         guard case .object(let members) = value else {
@@ -395,8 +422,12 @@ public struct FieldReader {
     public init(members: [String: JSONValue], path: String, allowed: Set<String>) throws(APIError) {
         self.members = members
         self.path = path
-        let unknown = members.keys.filter { !allowed.contains($0) }.sorted()
-        if let first = unknown.first {
+        try Self.refuseUnknown(Array(members.keys), path: path, allowed: allowed)
+    }
+
+    /// `unknown_field` naming the first of `names` (sorted) not in `allowed`.
+    private static func refuseUnknown(_ names: [String], path: String, allowed: Set<String>) throws(APIError) {
+        if let first = names.filter({ !allowed.contains($0) }).sorted().first {
             throw APIError(.unknownField, "\(path)\(first) is not a field of this request (fields are: \(allowed.sorted().joined(separator: ", "))); check the spelling (snake_case)", field: path + first)
         }
     }

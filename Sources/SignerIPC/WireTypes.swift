@@ -559,6 +559,9 @@ public struct AdvancedCommerceSigningRequest: Codable, Sendable, Equatable {
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         keyID = try reader.optionalString("key_id")
         request = try reader.object("request")
+        if let path = JSONValue.object(request).firstFractionalNumber(path: "request") {
+            throw APIError(.invalidField, "\(path) has a fraction or exponent; numbers in an Advanced Commerce request must be integers (prices are in milliunits), since a fraction could be signed as another value", field: path)
+        }
         try reader.finish()
     }
 }

@@ -234,11 +234,21 @@ func signJWSCommand(kind: String, _ words: [String], configPath: String) throws 
             print("usage: signctl sign advanced-commerce-request --bundle-id B --request JSON_OBJECT [--key-id K] [--json]")
             return .success
         }
-        guard let object = try? JSONDecoder().decode([String: JSONValue].self, from: Data(try arguments.required("request").utf8)) else {
-            throw UsageError("--request must be a JSON object")
+        // Sent to signerd as written: decoding and encoding it here would merge
+        // a repeated name or round a number before signerd's checks saw it.
+        let text = Array(try arguments.required("request").utf8)
+        guard (try? JSONSerialization.jsonObject(with: Data(text))) is [String: Any] else {
+            throw UsageError("--request must be one JSON object")
         }
         path = .advancedCommerceRequest
-        body = WireBody.encode(AdvancedCommerceSigningRequest(bundleID: try arguments.required("bundle-id"), keyID: arguments.options["key-id"], request: object))
+        struct Outer: Encodable {
+            var bundleID: String
+            var keyID: String?
+            enum CodingKeys: String, CodingKey { case bundleID = "bundle_id", keyID = "key_id" }
+        }
+        var outer = WireBody.encode(Outer(bundleID: try arguments.required("bundle-id"), keyID: arguments.options["key-id"]))
+        outer.removeLast()  // the closing brace of {"bundle_id":…}
+        body = outer + Array(#","request":"#.utf8) + text + [UInt8(ascii: "}")]
     default:  // server-api-token
         arguments = try Arguments(words, options: ["bundle-id", "key-id", "ttl-seconds"], flags: ["json"])
         if arguments.flag("help") {

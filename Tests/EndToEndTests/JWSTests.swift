@@ -253,4 +253,22 @@ struct JWSTests {
         #expect(output.contains("malformed JWS: the signature (part 3) is not canonical base64url"), "\(output)")
         #expect(!output.contains("valid: "))
     }
+
+    /// signctl decoded --request and encoded it again, so a repeated name
+    /// was merged and 1e-400 sent as 0 before signerd could refuse them.
+    @Test("signctl sign advanced-commerce-request sends --request as written: signerd's checks apply, and what it signs is what was given")
+    func signctlPassesRequestThrough() throws {
+        for (request, expected) in [(#"{"a":1,"a":2}"#, "more than once"), (#"{"a\u005f":1,"a_":2}"#, "more than once"), (#"{"n":1e-400}"#, "fraction or exponent")] {
+            let (status, output) = daemon.signctlStatus(["sign", "advanced-commerce-request", "--bundle-id", "com.example.app", "--request", request])
+            #expect(status != 0, "\(request) was signed: \(output)")
+            #expect(output.contains(expected), "\(request): \(output)")
+        }
+        let token = try daemon.signctl(["sign", "advanced-commerce-request", "--bundle-id", "com.example.app", "--request", #"{"price":4990,"sku":"ä"}"#])
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let decoded = try CompactJWS.decode(token)
+        let claims = try JSONSerialization.jsonObject(with: Data(decoded.claims.utf8)) as? [String: Any]
+        let request = try #require(claims?["request"] as? String)
+        #expect(String(decoding: try #require(Data(base64Encoded: request)), as: UTF8.self) == #"{"price":4990,"sku":"ä"}"#)
+    }
 }
+

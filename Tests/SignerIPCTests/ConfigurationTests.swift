@@ -165,6 +165,38 @@ struct FieldReaderTests {
         #expect((#expect(throws: APIError.self) { try wrong.optionalInteger("n") })?.code == .invalidField)
     }
 
+    /// Found by an attack run: doubles were signed in their shortest form
+    /// (9007199254740993e0 as 9007199254740992.0, 1e-400 as 0.0).
+    @Test("an Advanced Commerce request with a fraction or exponent anywhere is refused, naming where", arguments: [
+        (#"{"p":9007199254740993e0}"#, "request.p"),
+        (#"{"a":[{"b":1e-400}]}"#, "request.a[0].b"),
+        (#"{"p":12345678901234567e10}"#, "request.p"),
+        (#"{"p":9007199254740993.0}"#, "request.p"),
+        (#"{"p":0.30000000000000004}"#, "request.p"),
+        (#"{"p":4.99}"#, "request.p"),
+    ])
+    func advancedCommerceNumbers(request: String, field: String) {
+        let body = Array(#"{"bundle_id":"com.example.app","request":\#(request)}"#.utf8)
+        let error = #expect(throws: APIError.self) { try AdvancedCommerceSigningRequest(body: body) }
+        #expect(error?.code == .invalidField)
+        #expect(error?.field == field, "\(error?.message ?? "")")
+    }
+
+    @Test("integers in an Advanced Commerce request are kept exactly, the ends of Int64 included")
+    func advancedCommerceIntegers() throws {
+        let body = Array(#"{"bundle_id":"com.example.app","request":{"max":9223372036854775807,"min":-9223372036854775808,"zero":-0,"price":4990}}"#.utf8)
+        let parsed = try AdvancedCommerceSigningRequest(body: body)
+        #expect(JSONValue.object(parsed.request).compactJSON == #"{"max":9223372036854775807,"min":-9223372036854775808,"price":4990,"zero":0}"#)
+    }
+
+    @Test("an unknown field is named before a number problem elsewhere in the body")
+    func unknownFieldFirst() {
+        let body = Array(#"{"bundle_id":"com.example.app","request":{},"x":9223372036854775808}"#.utf8)
+        let error = #expect(throws: APIError.self) { try AdvancedCommerceSigningRequest(body: body) }
+        #expect(error?.code == .unknownField)
+        #expect(error?.field == "x")
+    }
+
     @Test("broken JSON says what the parser found and where", arguments: [
         (#"{"request":"# + String(repeating: "[", count: 600) + String(repeating: "]", count: 600) + "}", "nested"),
         (#"{"timestamp":1e400}"#, "1e400"),
