@@ -83,13 +83,12 @@ public protocol HTTPHandler: Sendable {
     /// Called by the request watchdog a few times a second (the application
     /// writes off calls that hang there).
     func watchdogTick()
-    /// The answer to a connection whose uid already holds
-    /// ``HTTPServerOptions/connectionsPerUIDLimit`` connections; the server
-    /// writes it and closes the connection.
-    /// - Parameters:
-    ///   - uid: the peer's uid.
-    ///   - limit: the most connections one uid may hold.
-    func tooManyConnections(uid: UInt32, limit: Int) -> HTTPResponse
+    /// Whether `peer` may use the server at all. A peer that may not (every
+    /// request of its gets 403) may hold at most
+    /// ``HTTPServerOptions/forbiddenConnectionsPerUID`` connections, so that
+    /// it cannot take the slots of those that may.
+    /// - Parameter peer: the connection's `SO_PEERCRED` credentials (nil: unreadable).
+    func mayConnect(_ peer: PeerCredentials?) -> Bool
     /// Called once for each response the server sends: queued with
     /// libmicrohttpd, or written on the socket by the watchdog. A handler's
     /// response that is dropped because the watchdog already answered is
@@ -110,6 +109,14 @@ public struct HTTPServerOptions: Sendable {
     /// further one is answered 429 and closed on arrival, so one client
     /// cannot take every slot (and with them the daemon's own health check).
     public var connectionsPerUIDLimit = 512
+    /// Most connections a uid that may not use the server at all
+    /// (``HTTPHandler/mayConnect(_:)`` false) may hold at once; enough to be
+    /// told 403.
+    public var forbiddenConnectionsPerUID = 4
+    /// Connections beyond ``connectionLimit`` kept for root and the
+    /// server's own uid (the systemd watchdog's `/healthz` check, an
+    /// operator), so that other clients can never take every slot.
+    public var reservedConnections = 8
     /// Idle keep-alive connections are closed after this many seconds.
     public var idleTimeoutSeconds = 60
     /// A request still arriving after this many seconds (from its request line) is dropped.
@@ -237,7 +244,7 @@ public final class HTTPServer: @unchecked Sendable {
         settings.flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_THREAD_PER_CONNECTION.rawValue
                                 | MHD_USE_POLL.rawValue | MHD_USE_ITC.rawValue | MHD_USE_ERROR_LOG.rawValue)
         settings.listen_fd = listenDescriptor
-        settings.connection_limit = UInt32(options.connectionLimit)
+        settings.connection_limit = UInt32(options.connectionLimit + options.reservedConnections)
         settings.connection_timeout_s = UInt32(options.idleTimeoutSeconds)
         settings.connection_memory_limit = max(16 * 1024, 2 * options.maxHeaderBytes)
         let context = Unmanaged.passUnretained(self).toOpaque()
@@ -377,17 +384,33 @@ public final class HTTPServer: @unchecked Sendable {
     /// was read in full before the handler ran), and when the handler
     /// returns its response is dropped and libmicrohttpd closes the
     /// connection.
-    /// Answers a connection over its uid's limit with the handler's
-    /// response and closes it at once: it never holds a thread until the
-    /// idle timeout. The client sees the answer if it reads before it writes.
-    private func refuse(_ connection: ConnectionState, holding held: Int) {
+    /// Checks a new connection against its uid's share
+    /// (``HTTPServerOptions/connectionsPerUIDLimit``, or
+    /// ``HTTPServerOptions/forbiddenConnectionsPerUID`` for a peer that may
+    /// not connect) and, except for root and this process's uid, against
+    /// ``HTTPServerOptions/connectionLimit``. One over is answered 429 and
+    /// closed at once, so it never holds a thread until the idle timeout;
+    /// the client sees the answer if it reads before it writes.
+    private func admit(_ connection: ConnectionState, holding held: Int) {
+        let limit = handler.mayConnect(connection.peer) ? options.connectionsPerUIDLimit : options.forbiddenConnectionsPerUID
+        let privileged = connection.uid == 0 || connection.uid == getuid()
+        let message: String
+        if held > limit {
+            message = "uid \(connection.uid) already holds \(limit) connections, the most one uid may hold (max_connections_per_uid); reuse keep-alive connections or close idle ones"
+        } else if !privileged && connectionCount > options.connectionLimit {
+            message = "signerd already holds max_connections (\(options.connectionLimit)) connections; the rest are kept for root and signerd's own uid"
+        } else {
+            return
+        }
         metrics?.count("refused_connections")
         refusalWarnings.admit { suppressed in
             logger.warning("connection_refused", ["peer.uid": .int(Int64(connection.uid)), "peer.pid": .int(Int64(connection.peer?.pid ?? 0)),
-                                                  "connections": .int(Int64(held - 1)), "limit": .int(Int64(options.connectionsPerUIDLimit)),
+                                                  "uid.connections": .int(Int64(held)), "uid.limit": .int(Int64(limit)),
                                                   "suppressed_before": .int(Int64(suppressed))])
         }
-        answerAndClose(connection, with: handler.tooManyConnections(uid: connection.uid, limit: options.connectionsPerUIDLimit))
+        var error = APIError(.rateLimited, message)
+        error.retryAfter = 1
+        answerAndClose(connection, with: HTTPResponse(error: error))
     }
 
     private func answerAndClose(_ connection: ConnectionState, with response: HTTPResponse) {
@@ -422,9 +445,7 @@ public final class HTTPServer: @unchecked Sendable {
                 counts[state.uid, default: 0] += 1
                 return counts[state.uid] ?? 0
             }
-            if held > server.options.connectionsPerUIDLimit {
-                server.refuse(state, holding: held)
-            }
+            server.admit(state, holding: held)
         case .CONNECTION_NOTIFY_CLOSED:
             guard let raw = socketContext?.pointee else { return }
             let state = Unmanaged<ConnectionState>.fromOpaque(raw).takeRetainedValue()

@@ -256,16 +256,14 @@ public final class SignerService: HTTPHandler, Sendable {
         }
     }
 
-    /// 429 `rate_limited` with `Retry-After: 1` for a connection over
-    /// `max_connections_per_uid`, naming the uid and the limit.
-    /// - Parameters:
-    ///   - uid: the peer's uid.
-    ///   - limit: the most connections one uid may hold.
-    /// - Returns: the error response.
-    public func tooManyConnections(uid: UInt32, limit: Int) -> HTTPResponse {
-        var error = APIError(.rateLimited, "uid \(uid) already holds \(limit) connections, the most one uid may hold (max_connections_per_uid); reuse keep-alive connections or close idle ones")
-        error.retryAfter = 1
-        return HTTPResponse(error: error)
+    /// Whether `peer` may use signerd at all: root, signerd's own uid, or a
+    /// uid or group the configuration allows (as ``preflight(method:path:contentType:contentLength:peer:)``
+    /// checks per request).
+    /// - Parameter peer: the connection's credentials; nil (unreadable) may not.
+    /// - Returns: false for a peer whose every request would get 403.
+    public func mayConnect(_ peer: PeerCredentials?) -> Bool {
+        guard let peer else { return false }
+        return isAllowed(peer, configuration)
     }
 
     /// Counts a response sent in `signerd_requests_total`, by endpoint (an

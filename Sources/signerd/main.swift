@@ -63,7 +63,7 @@ func runDaemon() -> Never {
     }
     let logger = Logger(minimumLevel: configuration.logLevel)
     for advisory in configuration.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
-    ProcessControl.raiseOpenFileLimit(to: 2 * configuration.maxConnections + 64)
+    ProcessControl.raiseOpenFileLimit(to: 2 * (configuration.maxConnections + HTTPServerOptions().reservedConnections) + 64)
 
     var tokenOptions = TokenOptions()
     tokenOptions.sessionPoolSize = configuration.sessionPoolSize

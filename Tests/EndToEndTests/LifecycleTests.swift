@@ -90,7 +90,7 @@ struct LifecycleTests {
         }
         #expect(text.hasPrefix("HTTP/1.1 429 Too Many Requests"), "\(text)")
         #expect(text.contains("\"rate_limited\"") && text.contains("max_connections_per_uid"))
-        #expect(!daemon.logged { $0.contains("\"connection_refused\"") && $0.contains("\"limit\":3") }.isEmpty)
+        #expect(!daemon.logged { $0.contains("\"connection_refused\"") && $0.contains("\"uid.limit\":3") }.isEmpty)
         // Another uid is not held back by root's connections: it reaches the handler (403: it is not allowed to sign).
         #expect(try curlAsNobody(daemon, #"{"bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"}"#).status == 403)
         // A connection freed by this uid makes room again.
