@@ -42,6 +42,11 @@ public struct TokenSignature: Sendable {
     public var queueNanoseconds: UInt64
     /// Time spent in `C_SignInit` + `C_Sign`, in nanoseconds (retries included).
     public var hsmNanoseconds: UInt64
+    /// The public key of the key object that made the signature (from its
+    /// `CKA_EC_POINT`, read with the handle); nil when the token has no
+    /// public key object for it. Verifying with this one needs no second
+    /// look-up, which could fail if the key vanished meanwhile.
+    public var publicKey: ECPublicKey? = nil
 }
 
 /// One PKCS#11 token holding App Store keys: module, slot, login, a pool of
@@ -468,7 +473,7 @@ public final class HSMToken: @unchecked Sendable {
             }
             if rv == .ok {
                 pool.checkin(lease)
-                return TokenSignature(raw: raw, queueNanoseconds: queue, hsmNanoseconds: hsm)
+                return TokenSignature(raw: raw, queueNanoseconds: queue, hsmNanoseconds: hsm, publicKey: key.publicKey)
             }
             // A failed C_SignInit on a bad key handle leaves the session
             // clean; any other failure may leave an operation active, so

