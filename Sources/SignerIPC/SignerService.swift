@@ -297,13 +297,18 @@ public final class SignerService: HTTPHandler, Sendable {
         if let cached = groupCache.withLock({ $0[uid] }), MonotonicClock.nanoseconds(from: cached.at, to: now) < 60_000_000_000 {
             return cached.groups
         }
-        var groups: [UInt32] = []
-        if let entry = getpwuid(uid) {
+        // getpwuid_r, not getpwuid: connection threads and the accepting
+        // thread ask at once, and getpwuid returns one static buffer.
+        var storage = [CChar](repeating: 0, count: 16 * 1024)
+        // pw_name points into `storage`: use it inside the closure only.
+        let groups: [UInt32] = storage.withUnsafeMutableBufferPointer { buffer in
+            var entry = passwd()
+            var result: UnsafeMutablePointer<passwd>?
+            guard let base = buffer.baseAddress, getpwuid_r(uid, &entry, base, buffer.count, &result) == 0, result != nil, let name = entry.pw_name else { return [] }
             var count: Int32 = 64
-            var buffer = [gid_t](repeating: 0, count: Int(count))
-            if getgrouplist(entry.pointee.pw_name, entry.pointee.pw_gid, &buffer, &count) >= 0 {
-                groups = Array(buffer.prefix(Int(count)))
-            }
+            var list = [gid_t](repeating: 0, count: Int(count))
+            guard getgrouplist(name, entry.pw_gid, &list, &count) >= 0 else { return [] }
+            return Array(list.prefix(Int(count)))
         }
         groupCache.withLock { $0[uid] = (groups, now) }
         return groups
