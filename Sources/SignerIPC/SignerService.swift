@@ -124,14 +124,7 @@ public final class SignerService: HTTPHandler, Sendable {
         let route = Route(rawValue: path)
         let config = configuration
         // Who may call comes first: a peer that is not allowed learns nothing, not even which paths exist.
-        guard isAllowed(peer, config) else {
-            metrics.count("forbidden")
-            forbiddenWarnings.admit { suppressed in
-                logger.warning("peer_forbidden", ["peer.uid": .int(Int64(peer.uid)), "peer.gid": .int(Int64(peer.gid)), "peer.pid": .int(Int64(peer.pid)),
-                                                  "http.path": .string(path), "suppressed_before": .int(Int64(suppressed))])
-            }
-            return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")))
-        }
+        if let refused = refuseIfNotAllowed(peer, path: path, config) { return refused }
         guard let route else {
             return respond(.failure(APIError(.notFound, "no endpoint at \(path); see docs/API.md")))
         }
@@ -221,6 +214,9 @@ public final class SignerService: HTTPHandler, Sendable {
             return respond(.failure(APIError(.notFound, "no endpoint at \(request.path)")))
         }
         let config = configuration
+        // Checked again with the configuration this request is served under:
+        // a reload between the head and the body may have revoked the caller.
+        if let refused = refuseIfNotAllowed(request.peer, path: request.path, config) { return refused }
         let result: Result<HTTPResponse, APIError>
         switch route {
         case .healthz:
@@ -282,6 +278,18 @@ public final class SignerService: HTTPHandler, Sendable {
     }
 
     // MARK: Who may call
+
+    /// 403 `forbidden` (counted, and logged as `peer_forbidden`, throttled)
+    /// for a peer `config` does not allow; nil for one it allows.
+    private func refuseIfNotAllowed(_ peer: PeerCredentials, path: String, _ config: SignerConfiguration) -> HTTPResponse? {
+        guard !isAllowed(peer, config) else { return nil }
+        metrics.count("forbidden")
+        forbiddenWarnings.admit { suppressed in
+            logger.warning("peer_forbidden", ["peer.uid": .int(Int64(peer.uid)), "peer.gid": .int(Int64(peer.gid)), "peer.pid": .int(Int64(peer.pid)),
+                                              "http.path": .string(path), "suppressed_before": .int(Int64(suppressed))])
+        }
+        return respond(.failure(APIError(.forbidden, "uid \(peer.uid) may not use signerd; add it to allowed_uids or its group to allowed_gids")))
+    }
 
     func isAllowed(_ peer: PeerCredentials, _ config: SignerConfiguration) -> Bool {
         if peer.uid == 0 || peer.uid == ownUID || config.allowedUIDs.contains(peer.uid) || config.allowedGIDs.contains(peer.gid) {

@@ -157,6 +157,36 @@ struct LifecycleTests {
         #expect(answered.load(ordering: .relaxed) > 1000)
     }
 
+    /// Found by an attack run: the caller was checked when the head
+    /// arrived, the key chosen when the body arrived, so a reload in
+    /// between signed for a uid it had just removed.
+    @Test("a uid removed by a reload while its request's body is still arriving gets 403, not a signature",
+          .enabled(if: isRoot && hasSetpriv, "needs root and setpriv(1) to run a client as another uid (uid 65534)"))
+    func revokedMidRequest() throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["allowed_uids": [65534]])
+        try daemon.start()
+        defer { daemon.stop() }
+        // curl -T - streams the body as it comes (chunked): the head goes now, the body after 3 s.
+        let client = Process()
+        client.executableURL = URL(fileURLWithPath: "/bin/sh")
+        client.arguments = ["-c", """
+            (sleep 3; printf '%s' '{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}') | \
+            setpriv --reuid=65534 --regid=65534 --clear-groups -- curl -s -w '\\n%{http_code}' -T - -X POST \
+              -H 'Content-Type: application/json' --unix-socket \(daemon.socketPath) http://signerd/v1/sign/promotional-offer
+            """]
+        let output = Pipe()
+        client.standardOutput = output
+        try client.run()
+        usleep(500_000)  // the head is in and was allowed
+        try daemon.writeConfig(["allowed_uids": [Int]()])
+        #expect(daemon.reload())
+        client.waitUntilExit()
+        let text = String(decoding: output.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        #expect(text.hasSuffix("\n403"), "\(text)")
+        #expect(text.contains("\"forbidden\""), "\(text)")
+    }
+
     @Test("SIGTERM during 8 concurrent request loops: every response carries a valid signature, exit 0, socket removed")
     func sigtermDrains() throws {
         let daemon = try DaemonHarness()
