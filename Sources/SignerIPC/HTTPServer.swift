@@ -202,8 +202,6 @@ public final class HTTPServer: @unchecked Sendable {
     let logger: Logger
     let metrics: Metrics?
     private let connections = Locked<[ObjectIdentifier: ConnectionState]>([:])
-    /// Open connections by peer uid.
-    private let connectionsPerUID = Locked<[UInt32: Int]>([:])
     /// Keeps a flood of refused connections or malformed requests from flooding the log.
     private let libraryWarnings = LogThrottle(linesPerWindow: 20, windowSeconds: 10)
     private let refusalWarnings = LogThrottle(linesPerWindow: 5, windowSeconds: 10)
@@ -391,13 +389,15 @@ public final class HTTPServer: @unchecked Sendable {
     /// ``HTTPServerOptions/connectionLimit``. One over is answered 429 and
     /// closed at once, so it never holds a thread until the idle timeout;
     /// the client sees the answer if it reads before it writes.
-    private func admit(_ connection: ConnectionState, holding held: Int) {
+    private func admit(_ connection: ConnectionState) {
+        // Counted from the open connections (at most max_connections + the reserve), this one included.
+        let (held, open) = connections.withLock { all in (all.values.reduce(0) { $0 + ($1.uid == connection.uid ? 1 : 0) }, all.count) }
         let limit = handler.mayConnect(connection.peer) ? options.connectionsPerUIDLimit : options.forbiddenConnectionsPerUID
         let privileged = connection.uid == 0 || connection.uid == getuid()
         let message: String
         if held > limit {
             message = "uid \(connection.uid) already holds \(limit) connections, the most one uid may hold (max_connections_per_uid); reuse keep-alive connections or close idle ones"
-        } else if !privileged && connectionCount > options.connectionLimit {
+        } else if !privileged && open > options.connectionLimit {
             message = "signerd already holds max_connections (\(options.connectionLimit)) connections; the rest are kept for root and signerd's own uid"
         } else {
             return
@@ -441,20 +441,12 @@ public final class HTTPServer: @unchecked Sendable {
             let state = ConnectionState(peer: peer, descriptor: duplicate)
             server.connections.withLock { $0[ObjectIdentifier(state)] = state }
             socketContext?.pointee = Unmanaged.passRetained(state).toOpaque()
-            let held = server.connectionsPerUID.withLock { counts in
-                counts[state.uid, default: 0] += 1
-                return counts[state.uid] ?? 0
-            }
-            server.admit(state, holding: held)
+            server.admit(state)
         case .CONNECTION_NOTIFY_CLOSED:
             guard let raw = socketContext?.pointee else { return }
             let state = Unmanaged<ConnectionState>.fromOpaque(raw).takeRetainedValue()
             socketContext?.pointee = nil
             server.connections.withLock { _ = $0.removeValue(forKey: ObjectIdentifier(state)) }
-            server.connectionsPerUID.withLock { counts in
-                let left = (counts[state.uid] ?? 1) - 1
-                counts[state.uid] = left > 0 ? left : nil
-            }
             if state.descriptor >= 0 { close(state.descriptor) }
         default:
             break
@@ -627,39 +619,5 @@ public final class HTTPServer: @unchecked Sendable {
             MHD_add_response_header(created, "Connection", "close")
         }
         return MHD_queue_response(connection, UInt32(response.status), created)
-    }
-}
-
-/// Lets through at most `linesPerWindow` log lines per window of
-/// `windowSeconds` and counts the rest, so that a client sending malformed
-/// requests or connections in a loop cannot fill the disk with one line each.
-final class LogThrottle: Sendable {
-    private let linesPerWindow: Int
-    private let windowNanoseconds: UInt64
-    private let state = Locked<(windowStart: UInt64, lines: Int, suppressed: Int)>((0, 0, 0))
-
-    init(linesPerWindow: Int, windowSeconds: Double) {
-        self.linesPerWindow = linesPerWindow
-        self.windowNanoseconds = UInt64(windowSeconds * 1e9)
-    }
-
-    /// Calls `log` with the number of lines suppressed since the last one
-    /// logged, unless this window's lines are used up.
-    func admit(_ log: (_ suppressed: Int) -> Void) {
-        let now = MonotonicClock.now()
-        let suppressed: Int? = state.withLock { state in
-            if MonotonicClock.nanoseconds(from: state.windowStart, to: now) >= windowNanoseconds && now > state.windowStart {
-                state.windowStart = now
-                state.lines = 0
-            }
-            guard state.lines < linesPerWindow else {
-                state.suppressed += 1
-                return nil
-            }
-            state.lines += 1
-            defer { state.suppressed = 0 }
-            return state.suppressed
-        }
-        if let suppressed { log(suppressed) }
     }
 }

@@ -296,7 +296,7 @@ public struct FieldReader {
             let name = Self.repeatedMemberName(in: body)
             throw APIError(.invalidJSON, "the member \(name.map { "\"\($0)\"" } ?? "name") appears more than once in one object; send each field once (which value to sign would be ambiguous)", field: name)
         }
-        try self.init(members: members, path: "", allowed: allowed)
+        self.init(checked: members, path: "")  // unknown members were refused above
     }
 
     /// Why `body` is not UTF-8 JSON text, or nil: a byte-order mark, a NUL
@@ -420,9 +420,14 @@ public struct FieldReader {
     ///   - allowed: the field names the object may carry.
     /// - Throws: `unknown_field` naming the first unknown member (sorted).
     public init(members: [String: JSONValue], path: String, allowed: Set<String>) throws(APIError) {
+        try Self.refuseUnknown(Array(members.keys), path: path, allowed: allowed)
+        self.init(checked: members, path: path)
+    }
+
+    /// A reader over members already checked against the allowed names.
+    private init(checked members: [String: JSONValue], path: String) {
         self.members = members
         self.path = path
-        try Self.refuseUnknown(Array(members.keys), path: path, allowed: allowed)
     }
 
     /// `unknown_field` naming the first of `names` (sorted) not in `allowed`.
