@@ -196,16 +196,18 @@ public struct SignerConfiguration: Sendable, Equatable {
         if bytes.allSatisfy({ [0x20, 0x09, 0x0a, 0x0d].contains($0) }) {
             return "the file is empty; it must hold one JSON object, e.g. {\"token_uri\": \"pkcs11:…\"}"
         }
-        if let problem = FieldReader.notUTF8(bytes) {
-            return "the file is not UTF-8 JSON text (\(problem)); save it as UTF-8 without a byte-order mark (RFC 8259 §8.1)"
-        }
         let parsed: Any
-        do {
-            parsed = try JSONSerialization.jsonObject(with: Data(bytes), options: .fragmentsAllowed)
+        do throws(FieldReader.JSONTextProblem) {
+            parsed = try FieldReader.parseJSONText(bytes, fragmentsAllowed: true)
         } catch {
-            // Foundation says where, e.g. "Invalid value around character 2."
-            let detail = ((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String)?.trimmingCharacters(in: CharacterSet(charactersIn: ". "))
-            return "the file is not valid JSON (RFC 8259)\(detail.map { ": \($0)" } ?? ""); it must hold one JSON object"
+            switch error {
+            case .notUTF8(let problem):
+                return "the file is not UTF-8 JSON text (\(problem)); save it as UTF-8 without a byte-order mark (RFC 8259 §8.1)"
+            case .notJSON(let reason):
+                // Foundation says where, e.g. "Invalid value around character 2."
+                let detail = reason?.trimmingCharacters(in: CharacterSet(charactersIn: ". "))
+                return "the file is not valid JSON (RFC 8259)\(detail.map { ": \($0)" } ?? ""); it must hold one JSON object"
+            }
         }
         guard parsed is [String: Any] else {
             return "the file holds \(JSONValue(foundation: parsed)?.kind ?? "a value") where one JSON object is expected"
