@@ -193,6 +193,22 @@ lines.append("|---|---|---|---|---|---|---|---|---|")
 for n, x in enumerate(rows, 1):
     lines.append("| %d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f vs %.2f |" % (n, x["direct"], x["off"], x["on"], x["p11"], x["off/direct"], x["on/direct"], x["off/p11"], x["p99"], x["allowed"]))
 lines.append("")
+# CPU per request from the same runs: what each side spent, and the ratio signerd could reach at best if
+# the daemon spent exactly one direct signature's CPU per request (client and daemon share the cores).
+def cpu(key, side): return (r[key].get("cpu_us_per_request") or {}).get(side)
+lines.append("CPU time per request in the same runs (µs, user + system; getrusage for signctl, /proc/PID/stat for signerd). "
+             "The last column is direct ÷ (direct + client, verify off): the ratio signerd would reach if its daemon spent no more CPU per request than the direct loop spends per signature.")
+lines.append("")
+lines.append("| round | direct, per signature | signerd off: daemon + client | signerd on: daemon + client | p11-kit client side | bound for off / direct |")
+lines.append("|---|---|---|---|---|---|")
+for n in range(1, rounds + 1):
+    d = cpu("direct-c8-r%d" % n, "signctl"); p = cpu("p11kit-c8-r%d" % n, "signctl")
+    od, oc = cpu("signerd-verify-off-c8-r%d" % n, "signerd"), cpu("signerd-verify-off-c8-r%d" % n, "signctl")
+    vd, vc = cpu("signerd-verify-on-c8-r%d" % n, "signerd"), cpu("signerd-verify-on-c8-r%d" % n, "signctl")
+    if None in (d, p, od, oc, vd, vc):
+        lines.append("| %d | (CPU time not readable) | | | | |" % n); continue
+    lines.append("| %d | %.0f | %.0f + %.0f | %.0f + %.0f | %.0f | %.2f |" % (n, d, od, oc, vd, vc, p, d / (d + oc)))
+lines.append("")
 def med(key): return statistics.median(x[key] for x in rows)
 def held(test): return "%d of %d rounds" % (sum(1 for x in rows if test(x)), rounds)
 rss128 = max(r["signerd-verify-off-c128"]["rss_kib"]["after"], r["signerd-verify-on-c128"]["rss_kib"]["after"]) / 1024

@@ -30,10 +30,18 @@ public struct BenchmarkReport: Codable, Sendable {
     public var rssKiB: [String: Int]?
     /// The daemon's open file descriptors before and after (socket mode).
     public var openFDs: [String: Int]?
+    /// CPU time (user + system) per completed request, in microseconds:
+    /// `signctl` is this process over the run (in direct mode, the signing
+    /// loop with the PKCS#11 module in it), `signerd` is the daemon (socket
+    /// mode, when its `/proc/PID/stat` is readable). From getrusage(2) and
+    /// proc(5) `utime` + `stime`, whose resolution is one clock tick (10 ms
+    /// on Linux), so a run should last seconds, not milliseconds.
+    public var cpuMicrosecondsPerRequest: [String: Double]?
 
     enum CodingKeys: String, CodingKey {
         case mode, endpoint, concurrency, requests, durationSeconds = "duration_s", throughput = "throughput_rps"
         case latencyMs = "latency_ms", errors, verified, rssKiB = "rss_kib", openFDs = "open_fds"
+        case cpuMicrosecondsPerRequest = "cpu_us_per_request"
     }
 
     /// Total errors.
@@ -125,6 +133,34 @@ public enum ProcessStatistics {
     public static func openDescriptors(_ pid: Int32) -> Int? {
         (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd"))?.count
     }
+
+    /// CPU time `pid` has used so far (all threads, user + system), in
+    /// microseconds, from fields 14 and 15 (`utime`, `stime`, in clock ticks)
+    /// of proc(5) `/proc/PID/stat`; nil when unreadable.
+    public static func cpuMicroseconds(_ pid: Int32) -> UInt64? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let commandEnd = stat.lastIndex(of: ")") else { return nil }
+        // Field 2 (the command) may hold spaces and parentheses: count fields after its last ")".
+        // What follows is field 3 onwards, so utime and stime are at offsets 11 and 12.
+        let fields = stat[stat.index(after: commandEnd)...].split(separator: " ")
+        guard fields.count > 12, let user = UInt64(fields[11]), let system = UInt64(fields[12]) else { return nil }
+        return (user + system) * 1_000_000 / UInt64(max(1, sysconf(Int32(_SC_CLK_TCK))))
+    }
+
+    /// CPU time this process has used so far (all threads, user + system), in
+    /// microseconds, from getrusage(2) `RUSAGE_SELF`.
+    public static func ownCPUMicroseconds() -> UInt64 {
+        var usage = rusage()
+        getrusage(__rusage_who_t(RUSAGE_SELF.rawValue), &usage)
+        func micros(_ time: timeval) -> UInt64 { UInt64(time.tv_sec) * 1_000_000 + UInt64(time.tv_usec) }
+        return micros(usage.ru_utime) + micros(usage.ru_stime)
+    }
+
+    /// CPU microseconds per request between two readings; nil without both or with no requests.
+    static func perRequest(_ before: UInt64?, _ after: UInt64?, requests: Int) -> Double? {
+        guard let before, let after, after >= before, requests > 0 else { return nil }
+        return Double(after - before) / Double(requests)
+    }
 }
 
 /// A closed-loop load generator over signerd's socket: `concurrency`
@@ -198,6 +234,8 @@ public struct LoadGenerator: Sendable {
         let (path, requestBody) = request(bundle: bundle, keyID: key.keyID)
         let clock = BenchmarkClock(length)
         let tallies = (0..<concurrency).map { _ in BenchmarkTally() }
+        let ownCPUBefore = ProcessStatistics.ownCPUMicroseconds()
+        let daemonCPUBefore = daemonPID.flatMap(ProcessStatistics.cpuMicroseconds)
         let started = MonotonicClock.now()
         let group = DispatchGroup()
         for tally in tallies {
@@ -211,6 +249,8 @@ public struct LoadGenerator: Sendable {
         }
         group.wait()
         let elapsed = Double(MonotonicClock.now() - started) / 1e9
+        let ownCPUAfter = ProcessStatistics.ownCPUMicroseconds()
+        let daemonCPUAfter = daemonPID.flatMap(ProcessStatistics.cpuMicroseconds)
         // Let the daemon settle (closed connections reaped) before reading its RSS and descriptors.
         usleep(300_000)
         let (count, latencies, errors) = BenchmarkTally.merge(tallies)
@@ -220,10 +260,13 @@ public struct LoadGenerator: Sendable {
             rss = ["before": rssBefore ?? 0, "after": ProcessStatistics.residentKiB(daemonPID) ?? 0]
             fds = ["before": fdsBefore ?? 0, "after": ProcessStatistics.openDescriptors(daemonPID) ?? 0]
         }
+        var cpu: [String: Double] = [:]
+        cpu["signctl"] = ProcessStatistics.perRequest(ownCPUBefore, ownCPUAfter, requests: count)
+        cpu["signerd"] = ProcessStatistics.perRequest(daemonCPUBefore, daemonCPUAfter, requests: count)
         return BenchmarkReport(mode: "socket", endpoint: endpoint.rawValue, concurrency: concurrency, requests: count,
                                durationSeconds: elapsed, throughput: Double(latencies.count) / elapsed,
                                latencyMs: LatencyStatistics.summarize(latencies), errors: errors, verified: verify,
-                               rssKiB: rss, openFDs: fds)
+                               rssKiB: rss, openFDs: fds, cpuMicrosecondsPerRequest: cpu)
     }
 
     private func request(bundle: String, keyID: String) -> (String, [UInt8]?) {
@@ -374,6 +417,7 @@ public struct DirectBenchmark: Sendable {
         _ = try token.sign(digest: SHA256.hash([0]), keyID: keyID)  // warm the key handle cache
         let clock = BenchmarkClock(length)
         let tallies = (0..<concurrency).map { _ in BenchmarkTally() }
+        let cpuBefore = ProcessStatistics.ownCPUMicroseconds()
         let started = MonotonicClock.now()
         let group = DispatchGroup()
         for (index, tally) in tallies.enumerated() {
@@ -408,9 +452,11 @@ public struct DirectBenchmark: Sendable {
         }
         group.wait()
         let elapsed = Double(MonotonicClock.now() - started) / 1e9
+        let cpuAfter = ProcessStatistics.ownCPUMicroseconds()
         let (count, latencies, errors) = BenchmarkTally.merge(tallies)
+        let cpu = ProcessStatistics.perRequest(cpuBefore, cpuAfter, requests: count).map { ["signctl": $0] }
         return BenchmarkReport(mode: "direct", endpoint: "sign", concurrency: concurrency, requests: count, durationSeconds: elapsed,
                                throughput: Double(latencies.count) / elapsed, latencyMs: LatencyStatistics.summarize(latencies),
-                               errors: errors, verified: verify, rssKiB: nil, openFDs: nil)
+                               errors: errors, verified: verify, rssKiB: nil, openFDs: nil, cpuMicrosecondsPerRequest: cpu)
     }
 }

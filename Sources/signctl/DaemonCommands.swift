@@ -288,7 +288,8 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         the previous answer arrived. Every response counts as an error unless it is a 200 with a well-formed
         signature; --verify also checks each signature with the public key (off by default, so the client
         does not become the bottleneck). Reports requests/s, latency p50/p90/p99/p99.9/max, errors by code,
-        and the daemon's RSS and open descriptors before and after (from /proc).
+        the daemon's RSS and open descriptors before and after (from /proc), and the CPU time per request
+        of signctl and of signerd (getrusage, /proc/PID/stat).
 
         --direct is the baseline: the same SHA-256 + C_SignInit/C_Sign loop through the PKCS#11 module in
         this process (token_uri from the config), N threads with one session each, no socket.
@@ -342,6 +343,9 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         print("errors: \(report.errorCount == 0 ? "none" : report.errors.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
         if let rss = report.rssKiB { print("daemon RSS KiB: before \(rss["before"] ?? 0), after \(rss["after"] ?? 0)") }
         if let fds = report.openFDs { print("daemon open descriptors: before \(fds["before"] ?? 0), after \(fds["after"] ?? 0)") }
+        if let cpu = report.cpuMicrosecondsPerRequest, !cpu.isEmpty {
+            print("CPU µs per request: " + cpu.sorted { $0.key < $1.key }.map { "\($0.key) " + String(format: "%.1f", $0.value) }.joined(separator: ", "))
+        }
     }
     return report.errorCount == 0 ? .success : .failure
 }

@@ -22,6 +22,8 @@ struct BenchSmokeTests {
         #expect(report.latencyMs["p99"] != nil)
         #expect((report.rssKiB?["after"] ?? 0) > 0, "the daemon's RSS was read from /proc")
         #expect(report.openFDs?["after"] ?? 99 <= report.openFDs?["before"] ?? 0 + 4, "no descriptor left over")
+        #expect((report.cpuMicrosecondsPerRequest?["signerd"] ?? 0) > 0, "the daemon's CPU time was read from /proc")
+        #expect((report.cpuMicrosecondsPerRequest?["signctl"] ?? 0) > 0, "the client's CPU time was read with getrusage")
     }
 
     @Test("the direct baseline runs clean")
@@ -32,5 +34,7 @@ struct BenchSmokeTests {
         #expect(report.errorCount == 0, "\(report.errors)")
         #expect(report.requests == 300)
         #expect(report.mode == "direct")
+        #expect((report.cpuMicrosecondsPerRequest?["signctl"] ?? 0) > 0, "the loop's CPU time was read with getrusage")
+        #expect(report.cpuMicrosecondsPerRequest?["signerd"] == nil, "no daemon in direct mode")
     }
 }
