@@ -5,6 +5,9 @@ import HSMSigner
 
 /// `POST /v1/sign/promotional-offer` request.
 public struct PromotionalOfferRequest: Codable, Sendable, Equatable {
+    /// The member names the request body may carry (built once, not per request).
+    static let fields: Set<String> = ["bundle_id", "key_id", "product_id", "offer_id", "app_account_token", "nonce", "timestamp"]
+
     /// The app's bundle ID (required).
     public var bundleID: String
     /// The key ID; optional when exactly one key (or the default key) serves the bundle.
@@ -40,7 +43,7 @@ public struct PromotionalOfferRequest: Codable, Sendable, Equatable {
     /// Parses a request body with the contract's field errors.
     /// - Throws: ``APIError`` `invalid_json`, `missing_field`, `invalid_field`, `unknown_field`.
     public init(body: [UInt8]) throws(APIError) {
-        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "product_id", "offer_id", "app_account_token", "nonce", "timestamp"])
+        var reader = try FieldReader(json: body, allowed: Self.fields)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         keyID = try reader.optionalString("key_id")
         productID = try reader.string("product_id", "the subscription's product identifier")
@@ -78,6 +81,12 @@ public struct PromotionalOfferResponse: Codable, Sendable, Equatable {
 
 /// `POST /v1/offers` request, in the RevenueCat SDK's offer format.
 public struct OffersRequest: Codable, Sendable, Equatable {
+    /// The member names the request body may carry (built once, not per request).
+    static let fields: Set<String> = ["bundle_id", "app_user_id", "generate_offers"]
+
+    /// The member names each `generate_offers` entry may carry (built once, not per request).
+    static let offerFields: Set<String> = ["offer_id", "product_id", "subscription_group"]
+
     /// One offer to sign.
     public struct Offer: Codable, Sendable, Equatable {
         /// The promotional offer identifier.
@@ -123,7 +132,7 @@ public struct OffersRequest: Codable, Sendable, Equatable {
     /// Parses a request body.
     /// - Throws: ``APIError`` naming the field, e.g. `generate_offers[3].offer_id`.
     public init(body: [UInt8]) throws(APIError) {
-        var reader = try FieldReader(json: body, allowed: ["bundle_id", "app_user_id", "generate_offers"])
+        var reader = try FieldReader(json: body, allowed: Self.fields)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         appUserID = try reader.optionalString("app_user_id") ?? ""
         let entries = try reader.array("generate_offers")
@@ -137,7 +146,7 @@ public struct OffersRequest: Codable, Sendable, Equatable {
             guard case .object(let members) = entry else {
                 throw APIError(.invalidField, "generate_offers[\(index)] must be an object with offer_id and product_id", field: "generate_offers[\(index)]")
             }
-            var offerReader = try FieldReader(members: members, path: path, allowed: ["offer_id", "product_id", "subscription_group"])
+            var offerReader = try FieldReader(members: members, path: path, allowed: Self.offerFields)
             let offerID = try offerReader.string("offer_id")
             let productID = try offerReader.string("product_id")
             let group = try offerReader.optionalString("subscription_group")
@@ -455,6 +464,9 @@ enum WireJSON {
 
 /// `POST /v1/sign/promotional-offer-v2` request (StoreKit 2 `Product.PurchaseOption.promotionalOffer(_:compactJWS:)`).
 public struct PromotionalOfferV2Request: Codable, Sendable, Equatable {
+    /// The member names the request body may carry (built once, not per request).
+    static let fields: Set<String> = ["bundle_id", "key_id", "product_id", "offer_id", "transaction_id"]
+
     /// The app's bundle ID (`bundle_id`, required): the `bid` claim.
     public var bundleID: String
     /// The key ID (`key_id`); optional when exactly one key (or the default key) serves the bundle.
@@ -482,7 +494,7 @@ public struct PromotionalOfferV2Request: Codable, Sendable, Equatable {
     /// Parses a request body.
     /// - Throws: ``APIError`` naming the field.
     public init(body: [UInt8]) throws(APIError) {
-        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "product_id", "offer_id", "transaction_id"])
+        var reader = try FieldReader(json: body, allowed: Self.fields)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         keyID = try reader.optionalString("key_id")
         productID = try reader.string("product_id", "the subscription's product identifier")
@@ -494,6 +506,9 @@ public struct PromotionalOfferV2Request: Codable, Sendable, Equatable {
 
 /// `POST /v1/sign/introductory-offer-eligibility` request.
 public struct IntroductoryOfferEligibilityRequest: Codable, Sendable, Equatable {
+    /// The member names the request body may carry (built once, not per request).
+    static let fields: Set<String> = ["bundle_id", "key_id", "product_id", "allow_introductory_offer", "transaction_id"]
+
     /// The app's bundle ID (`bundle_id`, required): the `bid` claim.
     public var bundleID: String
     /// The key ID (`key_id`); optional when exactly one key (or the default key) serves the bundle.
@@ -522,7 +537,7 @@ public struct IntroductoryOfferEligibilityRequest: Codable, Sendable, Equatable 
     /// Parses a request body.
     /// - Throws: ``APIError`` naming the field (`missing_field` for `transaction_id`).
     public init(body: [UInt8]) throws(APIError) {
-        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "product_id", "allow_introductory_offer", "transaction_id"])
+        var reader = try FieldReader(json: body, allowed: Self.fields)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         keyID = try reader.optionalString("key_id")
         productID = try reader.string("product_id", "the subscription's product identifier")
@@ -534,6 +549,9 @@ public struct IntroductoryOfferEligibilityRequest: Codable, Sendable, Equatable 
 
 /// `POST /v1/sign/advanced-commerce-request` request.
 public struct AdvancedCommerceSigningRequest: Codable, Sendable, Equatable {
+    /// The member names the request body may carry (built once, not per request).
+    static let fields: Set<String> = ["bundle_id", "key_id", "request"]
+
     /// The app's bundle ID (`bundle_id`, required): the `bid` claim.
     public var bundleID: String
     /// The key ID (`key_id`); optional when exactly one key (or the default key) serves the bundle.
@@ -555,7 +573,7 @@ public struct AdvancedCommerceSigningRequest: Codable, Sendable, Equatable {
     /// Parses a request body.
     /// - Throws: ``APIError``; `invalid_field` when `request` is not a JSON object.
     public init(body: [UInt8]) throws(APIError) {
-        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "request"])
+        var reader = try FieldReader(json: body, allowed: Self.fields)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         keyID = try reader.optionalString("key_id")
         request = try reader.object("request")
@@ -568,6 +586,9 @@ public struct AdvancedCommerceSigningRequest: Codable, Sendable, Equatable {
 
 /// `POST /v1/tokens/app-store-server-api` request.
 public struct ServerAPITokenRequest: Codable, Sendable, Equatable {
+    /// The member names the request body may carry (built once, not per request).
+    static let fields: Set<String> = ["bundle_id", "key_id", "ttl_seconds"]
+
     /// The app's bundle ID (`bundle_id`, required): the `bid` claim.
     public var bundleID: String
     /// The key ID (`key_id`); optional when exactly one key (or the default key) serves the bundle.
@@ -589,7 +610,7 @@ public struct ServerAPITokenRequest: Codable, Sendable, Equatable {
     /// Parses a request body.
     /// - Throws: ``APIError``; `invalid_field` for `ttl_seconds` outside 1–3600.
     public init(body: [UInt8]) throws(APIError) {
-        var reader = try FieldReader(json: body, allowed: ["bundle_id", "key_id", "ttl_seconds"])
+        var reader = try FieldReader(json: body, allowed: Self.fields)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         keyID = try reader.optionalString("key_id")
         if let ttl = try reader.optionalInteger("ttl_seconds", "seconds") {
