@@ -553,6 +553,12 @@ public struct FieldReader {
         return try array(name)
     }
 
+    /// Marks member `name` read without looking at it: a member the
+    /// contract says is accepted and ignored, whatever its type.
+    public mutating func ignore(_ name: String) {
+        consumed.insert(name)
+    }
+
     /// Whether the object has a non-null member `name` (does not mark it read).
     public func has(_ name: String) -> Bool {
         guard let value = members[name] else { return false }

@@ -484,8 +484,10 @@ public final class SignerService: HTTPHandler, Sendable {
     }
 
     /// `POST /v1/offers` (RevenueCat SDK batch): each offer succeeds or fails
-    /// on its own; 7234 when no usable key serves the bundle. A malformed
-    /// request or an unavailable HSM fails the whole request.
+    /// on its own: 7226 for an entry that breaks a field rule (the message
+    /// names the field), 7234 when no usable key serves the bundle. A
+    /// malformed request (bundle ID, `app_user_id`, the array itself) or an
+    /// unavailable HSM fails the whole request.
     func signOffers(_ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> OffersResponse {
         let fields = try OffersRequest(body: request.body)
         var token = ""
@@ -494,16 +496,17 @@ public final class SignerService: HTTPHandler, Sendable {
             if (try? AppleFields.normalizeUUID(fields.appUserID, field: "app_user_id")) != nil {
                 token = try AppleFields.normalizeAppAccountToken(fields.appUserID)
             }
-            for (index, offer) in fields.generateOffers.enumerated() {
-                try AppleFields.checkIdentifier(offer.productID, field: "generate_offers[\(index)].product_id")
-                try AppleFields.checkIdentifier(offer.offerID, field: "generate_offers[\(index)].offer_id")
-            }
         } catch {
             throw APIError(error)
         }
         let key = try? resolveKey(bundleID: fields.bundleID, keyID: nil, peer: request.peer, config)
         var results: [OffersResponse.Offer] = []
-        for offer in fields.generateOffers {
+        for (index, offer) in fields.generateOffers.enumerated() {
+            if let problem = offer.problem ?? Self.identifierProblem(offer, index: index) {
+                results.append(.init(keyID: nil, offerID: offer.offerID, productID: offer.productID, signatureData: nil,
+                                     signatureError: .init(code: OffersResponse.invalidOfferCode, message: problem.message)))
+                continue
+            }
             guard let key else {
                 results.append(.init(keyID: nil, offerID: offer.offerID, productID: offer.productID, signatureData: nil,
                                      signatureError: .init(code: OffersResponse.noKeyCode, message: "no In-App Purchase key for this app")))
@@ -527,6 +530,18 @@ public final class SignerService: HTTPHandler, Sendable {
             }
         }
         return OffersResponse(offers: results)
+    }
+
+    /// The field rule (1–255 bytes, no control characters, no U+2063) an
+    /// offer's `product_id` or `offer_id` breaks, or nil.
+    private static func identifierProblem(_ offer: OffersRequest.Offer, index: Int) -> APIError? {
+        do {
+            try AppleFields.checkIdentifier(offer.productID, field: "generate_offers[\(index)].product_id")
+            try AppleFields.checkIdentifier(offer.offerID, field: "generate_offers[\(index)].offer_id")
+            return nil
+        } catch {
+            return APIError(error)
+        }
     }
 
     // MARK: Readiness

@@ -93,8 +93,14 @@ public struct OffersRequest: Codable, Sendable, Equatable {
         public var offerID: String
         /// The product identifier.
         public var productID: String
-        /// Sent by the SDK and ignored.
+        /// Sent by the SDK and ignored (kept when it is a string).
         public var subscriptionGroup: String?
+        /// Why this entry cannot be signed (a missing, mistyped or unknown
+        /// member), found while parsing; the other offers are signed anyway
+        /// and this one is answered with a `signature_error`. Then
+        /// ``offerID`` and ``productID`` hold what was sent when it was a
+        /// string, else "". Not part of the wire format.
+        public var problem: APIError? = nil
 
         enum CodingKeys: String, CodingKey {
             case offerID = "offer_id", productID = "product_id", subscriptionGroup = "subscription_group"
@@ -129,8 +135,13 @@ public struct OffersRequest: Codable, Sendable, Equatable {
         self.generateOffers = generateOffers
     }
 
-    /// Parses a request body.
-    /// - Throws: ``APIError`` naming the field, e.g. `generate_offers[3].offer_id`.
+    /// Parses a request body. The contract has each offer succeed or fail on
+    /// its own, so a problem inside one `generate_offers` entry (a missing,
+    /// mistyped or unknown member) is kept in that entry's
+    /// ``Offer/problem`` instead of failing the request.
+    /// - Throws: ``APIError`` naming the field for a problem of the request
+    ///   itself: its top-level members, `generate_offers` not an array of
+    ///   1–50 entries, or an entry that is not a JSON object.
     public init(body: [UInt8]) throws(APIError) {
         var reader = try FieldReader(json: body, allowed: Self.fields)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
@@ -142,18 +153,35 @@ public struct OffersRequest: Codable, Sendable, Equatable {
         }
         var offers: [Offer] = []
         for (index, entry) in entries.enumerated() {
-            let path = "generate_offers[\(index)]."
             guard case .object(let members) = entry else {
                 throw APIError(.invalidField, "generate_offers[\(index)] must be an object with offer_id and product_id", field: "generate_offers[\(index)]")
             }
-            var offerReader = try FieldReader(members: members, path: path, allowed: Self.offerFields)
-            let offerID = try offerReader.string("offer_id")
-            let productID = try offerReader.string("product_id")
-            let group = try offerReader.optionalString("subscription_group")
-            try offerReader.finish()
-            offers.append(Offer(offerID: offerID, productID: productID, subscriptionGroup: group))
+            offers.append(Self.offer(members, path: "generate_offers[\(index)]."))
         }
         generateOffers = offers
+    }
+
+    /// One entry of `generate_offers`, or what is wrong with it.
+    private static func offer(_ members: [String: JSONValue], path: String) -> Offer {
+        // `subscription_group` is ignored whatever its type (the contract); a string is kept.
+        var group: String?
+        if case .string(let value)? = members["subscription_group"] { group = value }
+        do throws(APIError) {
+            var reader = try FieldReader(members: members, path: path, allowed: offerFields)
+            let offerID = try reader.string("offer_id")
+            let productID = try reader.string("product_id")
+            reader.ignore("subscription_group")
+            try reader.finish()
+            return Offer(offerID: offerID, productID: productID, subscriptionGroup: group)
+        } catch {
+            func sent(_ name: String) -> String {
+                if case .string(let value)? = members[name] { return value }
+                return ""
+            }
+            var offer = Offer(offerID: sent("offer_id"), productID: sent("product_id"), subscriptionGroup: group)
+            offer.problem = error
+            return offer
+        }
     }
 }
 
@@ -177,7 +205,8 @@ public struct OffersResponse: Codable, Sendable, Equatable {
     }
 
     /// Why one offer was not signed (RevenueCat backend error codes: 7234 =
-    /// no usable In-App Purchase key for the bundle).
+    /// no usable In-App Purchase key for the bundle, 7226 = the offer entry
+    /// breaks a field rule).
     public struct SignatureError: Codable, Sendable, Equatable {
         /// The RevenueCat backend error code (`code`), e.g. ``OffersResponse/noKeyCode``.
         public var code: Int
@@ -223,6 +252,11 @@ public struct OffersResponse: Codable, Sendable, Equatable {
 
     /// The error code for "no In-App Purchase key for this app".
     public static let noKeyCode = 7234
+    /// The error code for an offer entry that cannot be signed as sent (a
+    /// field missing or breaking a field rule): RevenueCat's `badRequest`
+    /// backend error code. The message names the field, e.g.
+    /// `generate_offers[1].offer_id`.
+    public static let invalidOfferCode = 7226
 
     /// Makes a response.
     public init(offers: [Offer]) {

@@ -87,11 +87,50 @@ struct BadInputTests {
         FieldCase(name: "timestamp with a fraction", path: offer, fields: with(["timestamp": 1.5]), status: 400, code: "invalid_field", field: "timestamp"),
         FieldCase(name: "batch: no offers", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "app_user_id": "u", "generate_offers": [[String: String]]()], status: 400, code: "invalid_field", field: "generate_offers"),
         FieldCase(name: "batch: 51 offers", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "app_user_id": "u", "generate_offers": Array(repeating: ["offer_id": "a", "product_id": "p"], count: 51)], status: 400, code: "invalid_field", field: "generate_offers"),
-        FieldCase(name: "batch: offer without product_id", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": [["offer_id": "a"]]], status: 400, code: "missing_field", field: "generate_offers[0].product_id"),
-        FieldCase(name: "batch: unknown offer field", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": [["offer_id": "a", "product_id": "p", "productId": "p"]]], status: 400, code: "unknown_field", field: "generate_offers[0].productId"),
-        FieldCase(name: "batch: U+2063 in offer_id", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": [["offer_id": "a\u{2063}", "product_id": "p"]]], status: 400, code: "invalid_field", field: "generate_offers[0].offer_id"),
         FieldCase(name: "batch: offers not an array", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": "a"], status: 400, code: "invalid_field", field: "generate_offers"),
     ]
+
+    /// The contract: in a batch, "each offer succeeds or fails on its own".
+    @Test("batch: an offer that breaks a field rule gets its own signature_error 7226; the others are signed")
+    func batchOfferProblems() throws {
+        let response = try daemon.client().send("POST", "/v1/offers", body: body([
+            "bundle_id": "com.example.other",
+            "generate_offers": [
+                ["offer_id": "good", "product_id": "p1"],
+                ["offer_id": "a\u{2063}", "product_id": "p2"],
+                ["offer_id": "no_product"],
+                ["offer_id": "c", "product_id": "p4", "productId": "p4"],
+                ["offer_id": "d", "product_id": 5],
+                ["offer_id": "grouped", "product_id": "p6", "subscription_group": 5],
+            ] as [[String: any Sendable]],
+        ]))
+        #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
+        let offers = try response.decode(OffersResponse.self).offers
+        try #require(offers.count == 6)
+        // Refused entries: code 7226, the message names the field, the sent identifiers are echoed.
+        let refused: [(index: Int, field: String, offerID: String, productID: String)] = [
+            (1, "generate_offers[1].offer_id", "a\u{2063}", "p2"), (2, "generate_offers[2].product_id", "no_product", ""),
+            (3, "generate_offers[3].productId", "c", "p4"), (4, "generate_offers[4].product_id", "d", ""),
+        ]
+        for entry in refused {
+            let offer = offers[entry.index]
+            #expect(offer.signatureError?.code == OffersResponse.invalidOfferCode, "\(offer)")
+            #expect(offer.signatureError?.message.contains(entry.field) == true, "\(offer.signatureError?.message ?? "")")
+            #expect(offer.signatureData == nil && offer.keyID == nil)
+            #expect(offer.offerID == entry.offerID && offer.productID == entry.productID)
+        }
+        // Signed entries verify; subscription_group of any type is ignored.
+        for index in [0, 5] {
+            let offer = offers[index]
+            let data = try #require(offer.signatureData, "\(offer)")
+            #expect(offer.signatureError == nil)
+            let publicKey = try #require(daemon.keys[offer.keyID ?? ""]).publicKeyPEM
+            #expect(try opensslVerifies(publicKeyPEM: publicKey, derSignature: Array(try #require(Data(base64Encoded: data.signature))),
+                                        message: independentPayload(bundleID: "com.example.other", keyID: try #require(offer.keyID), productID: offer.productID,
+                                                                    offerID: offer.offerID, token: "", nonce: data.nonce, timestamp: data.timestamp)))
+        }
+        try expectServing(daemon)
+    }
 
     @Test("each field rule gives its status, code and field, and the daemon keeps serving", arguments: fieldCases)
     func fieldRule(_ fieldCase: FieldCase) throws {
