@@ -479,7 +479,7 @@ public final class SignerService: HTTPHandler, Sendable {
             throw APIError(error)
         }
         let signature = try sign(digest: SHA256.hash(payload.payload), keyID: keyID, config)
-        return PromotionalOfferResponse(keyID: keyID, nonce: payload.nonce, timestamp: payload.timestamp,
+        return PromotionalOfferResponse(keyID: keyID, appAccountToken: payload.appAccountToken, nonce: payload.nonce, timestamp: payload.timestamp,
                                         signature: Data(signature.der).base64EncodedString())
     }
 

@@ -59,6 +59,10 @@ public struct PromotionalOfferRequest: Codable, Sendable, Equatable {
 public struct PromotionalOfferResponse: Codable, Sendable, Equatable {
     /// The key that signed.
     public var keyID: String
+    /// The app account token signed (`app_account_token`): lowercase, or
+    /// "" when none was sent. The contract: "signed lowercase and returned
+    /// as signed"; the app must set this same value on the purchase.
+    public var appAccountToken: String
     /// The lowercase nonce signed.
     public var nonce: String
     /// The timestamp signed, milliseconds.
@@ -67,12 +71,13 @@ public struct PromotionalOfferResponse: Codable, Sendable, Equatable {
     public var signature: String
 
     enum CodingKeys: String, CodingKey {
-        case keyID = "key_id", nonce, timestamp, signature
+        case keyID = "key_id", appAccountToken = "app_account_token", nonce, timestamp, signature
     }
 
     /// Makes a response.
-    public init(keyID: String, nonce: String, timestamp: Int64, signature: String) {
+    public init(keyID: String, appAccountToken: String = "", nonce: String, timestamp: Int64, signature: String) {
         self.keyID = keyID
+        self.appAccountToken = appAccountToken
         self.nonce = nonce
         self.timestamp = timestamp
         self.signature = signature
@@ -428,6 +433,7 @@ struct JSONObjectWriter {
 extension PromotionalOfferResponse: DirectJSON {
     var jsonBytes: [UInt8] {
         var writer = JSONObjectWriter()
+        writer.add("app_account_token", appAccountToken)
         writer.add("key_id", keyID)
         writer.add("nonce", nonce)
         writer.add("timestamp", timestamp)

@@ -54,6 +54,7 @@ struct EndpointTests {
         let offer = try signed.decode(PromotionalOfferResponse.self)
         #expect(offer.keyID == "ABC123DEFG")
         #expect(offer.nonce == "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1b")
+        #expect(offer.appAccountToken == "5e3f1c2a-9b4d-4e6f-8a7b-1c2d3e4f5a6b", "returned as signed: lowercase")
         #expect(offer.timestamp == now)
         #expect(offer.signature.count == 96 || offer.signature.count == 92 || offer.signature.count == 88)
         #expect(!offer.signature.contains("-") && !offer.signature.contains("_"))
@@ -67,6 +68,7 @@ struct EndpointTests {
         #expect(minimal.status == 200)
         let defaulted = try minimal.decode(PromotionalOfferResponse.self)
         #expect(defaulted.keyID == "ABC123DEFG")
+        #expect(defaulted.appAccountToken == "")
         #expect(defaulted.nonce == defaulted.nonce.lowercased())
         #expect(abs(defaulted.timestamp - Int64(Date().timeIntervalSince1970 * 1000)) < 60_000)
         #expect(try opensslVerifies(publicKeyPEM: first.publicKeyPEM, derSignature: Array(try #require(Data(base64Encoded: defaulted.signature))),
