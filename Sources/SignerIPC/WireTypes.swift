@@ -276,13 +276,14 @@ public struct KeysResponse: Codable, Sendable, Equatable {
         /// The 10-character key ID (`key_id`).
         public var keyID: String
         /// The issuer ID the JWS kinds use (`issuer_id`): the key's own, else the
-        /// top-level one; absent when neither is configured.
+        /// top-level one; `null` when neither is configured.
         public var issuerID: String?
         /// The bundle IDs the key may sign for (`bundle_ids`).
         public var bundleIDs: [String]
         /// The key's curve (`curve`): always `P-256`.
         public var curve: String
-        /// PEM SubjectPublicKeyInfo; absent when the key is not on the token.
+        /// PEM SubjectPublicKeyInfo (`public_key_pem`); `null` when it cannot
+        /// be read (the key is not on the token, or the token is down).
         public var publicKeyPEM: String?
         /// The label of the token the key is on (`token_label`).
         public var tokenLabel: String
@@ -290,6 +291,18 @@ public struct KeysResponse: Codable, Sendable, Equatable {
         enum CodingKeys: String, CodingKey {
             case keyID = "key_id", issuerID = "issuer_id", bundleIDs = "bundle_ids", curve
             case publicKeyPEM = "public_key_pem", tokenLabel = "token_label"
+        }
+
+        /// Writes every member the contract lists, `null` for an unknown
+        /// issuer ID or public key (a strict client finds each member present).
+        public func encode(to encoder: any Encoder) throws {
+            var container = encoder.container(keyedBy: CodingKeys.self)
+            try container.encode(keyID, forKey: .keyID)
+            try container.encode(issuerID, forKey: .issuerID)
+            try container.encode(bundleIDs, forKey: .bundleIDs)
+            try container.encode(curve, forKey: .curve)
+            try container.encode(publicKeyPEM, forKey: .publicKeyPEM)
+            try container.encode(tokenLabel, forKey: .tokenLabel)
         }
 
         /// Makes a key entry.
