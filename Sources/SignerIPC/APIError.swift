@@ -37,6 +37,9 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let methodNotAllowed = Code(rawValue: "method_not_allowed")
         /// 413: the body is over the limit.
         public static let payloadTooLarge = Code(rawValue: "payload_too_large")
+        /// 431: the request line and headers are over `max_header_bytes`
+        /// (RFC 6585 §5). The connection is closed after the answer.
+        public static let headersTooLarge = Code(rawValue: "headers_too_large")
         /// 415: the body is not `application/json`.
         public static let unsupportedMediaType = Code(rawValue: "unsupported_media_type")
         /// 429: the caller sends faster than its rate limit.
@@ -54,6 +57,7 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
             case .keyNotFound, .notFound: 404
             case .methodNotAllowed: 405
             case .payloadTooLarge: 413
+            case .headersTooLarge: 431
             case .unsupportedMediaType: 415
             case .rateLimited: 429
             case .hsmUnavailable: 503

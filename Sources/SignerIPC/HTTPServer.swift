@@ -482,21 +482,46 @@ public final class HTTPServer: @unchecked Sendable {
     /// (libmicrohttpd drops a folded `Content-Length` line) would have its
     /// body read as the next request. libmicrohttpd takes the first
     /// `Content-Length` and would read what follows as another request.
-    private static func framingProblem(_ connection: OpaquePointer, method: String) -> String? {
-        var headers = (lengths: [String](), codings: [String]())
-        withUnsafeMutablePointer(to: &headers) { pointer in
-            _ = MHD_get_connection_values(connection, .HEADER_KIND, { context, _, key, value in
-                guard let context, let key else { return .YES }
-                let headers = context.assumingMemoryBound(to: (lengths: [String], codings: [String]).self)
-                let text = value.map { String(cString: $0) } ?? ""
-                if strcasecmp(key, "Content-Length") == 0 {
-                    headers.pointee.lengths.append(text)
-                } else if strcasecmp(key, "Transfer-Encoding") == 0 {
-                    headers.pointee.codings.append(text)
-                }
-                return .YES
-            }, pointer)
+    /// What the access handler reads from a request's headers, in one pass
+    /// over libmicrohttpd's parsed header list.
+    struct HeaderScan {
+        /// Every `Content-Length` value, in order.
+        var lengths: [String] = []
+        /// Every `Transfer-Encoding` value, in order.
+        var codings: [String] = []
+        /// The header lines' size as sent in the usual form
+        /// (`Name: value` CRLF each), in bytes.
+        var bytes = 0
+
+        init(_ connection: OpaquePointer) {
+            withUnsafeMutablePointer(to: &self) { pointer in
+                _ = MHD_get_connection_values(connection, .HEADER_KIND, { context, _, key, value in
+                    guard let context, let key else { return .YES }
+                    let scan = context.assumingMemoryBound(to: HeaderScan.self)
+                    scan.pointee.bytes += strlen(key) + 4 + (value.map { strlen($0) } ?? 0)
+                    if strcasecmp(key, "Content-Length") == 0 {
+                        scan.pointee.lengths.append(value.map { String(cString: $0) } ?? "")
+                    } else if strcasecmp(key, "Transfer-Encoding") == 0 {
+                        scan.pointee.codings.append(value.map { String(cString: $0) } ?? "")
+                    }
+                    return .YES
+                }, pointer)
+            }
         }
+    }
+
+    /// The contract's header limit (`max_header_bytes`, default 8 KiB) on the
+    /// request line and headers, answered in JSON. libmicrohttpd's pool is
+    /// sized larger (``start()``), so only heads far over the limit reach its
+    /// own 431 page.
+    private func headerLimitError(_ scan: HeaderScan, method: String, url: String) -> APIError? {
+        // "METHOD url HTTP/1.1" CRLF, the header lines, the blank line.
+        let size = method.utf8.count + 1 + url.utf8.count + 11 + scan.bytes + 2
+        guard size > options.maxHeaderBytes else { return nil }
+        return APIError(.headersTooLarge, "the request line and headers are \(size) bytes; the limit is \(options.maxHeaderBytes) bytes (max_header_bytes)")
+    }
+
+    private static func framingProblem(_ headers: HeaderScan, method: String) -> String? {
         if !headers.codings.isEmpty && !headers.lengths.isEmpty {
             return "the request has both Content-Length and Transfer-Encoding"
         }
@@ -523,7 +548,7 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
-    private static let accessHandler: MHD_AccessHandlerCallback = { context, connection, _, method, _, uploadData, uploadSize, requestContext in
+    private static let accessHandler: MHD_AccessHandlerCallback = { context, connection, url, method, _, uploadData, uploadSize, requestContext in
         guard let connection, let requestContext else { return .NO }
         let server = HTTPServer.server(context)
         let state: RequestState
@@ -539,6 +564,13 @@ public final class HTTPServer: @unchecked Sendable {
 
         if !state.headProcessed {
             state.headProcessed = true
+            let headers = HeaderScan(connection)
+            if let error = server.headerLimitError(headers, method: methodName, url: url.map { String(cString: $0) } ?? state.path) {
+                state.answered = true
+                var response = HTTPResponse(error: error)
+                response.headers.append(("Connection", "close"))
+                return server.queue(response, path: state.path, on: connection)
+            }
             let contentType = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Type").map { String(cString: $0) }
             let lengthHeader = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length").map { String(cString: $0) }
             let contentLength = lengthHeader.flatMap { Int($0) }
@@ -546,7 +578,7 @@ public final class HTTPServer: @unchecked Sendable {
                 state.answered = true
                 return server.queue(early, path: state.path, on: connection)
             }
-            if let problem = HTTPServer.framingProblem(connection, method: methodName) {
+            if let problem = HTTPServer.framingProblem(headers, method: methodName) {
                 state.answered = true
                 var response = HTTPResponse(error: APIError(.badRequest, "\(problem); send one Content-Length, or Transfer-Encoding: chunked alone (RFC 9112 §6)"))
                 response.headers.append(("Connection", "close"))

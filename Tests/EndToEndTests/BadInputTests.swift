@@ -244,6 +244,31 @@ struct BadInputTests {
         try expectServing(daemon)
     }
 
+    /// The contract's "headers 8 KiB" (max_header_bytes), answered in JSON
+    /// like every other error.
+    @Test("a request head over 8 KiB gets 431 headers_too_large in JSON and a closed connection; one just under is served")
+    func headerLimit() throws {
+        let sign = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
+        func exchange(headerValueBytes: Int) throws -> String {
+            let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+            defer { connection.close() }
+            let filler = String(repeating: "a", count: headerValueBytes)
+            try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Filler: \(filler)\r\nConnection: close\r\nContent-Length: \(sign.utf8.count)\r\n\r\n\(sign)".utf8))
+            var received: [UInt8] = []
+            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+            return String(decoding: received, as: UTF8.self)
+        }
+        // The head is about 150 bytes plus the filler.
+        for size in [8 * 1024, 12_000] {
+            let text = try exchange(headerValueBytes: size)
+            #expect(text.hasPrefix("HTTP/1.1 431"), "\(size): \(text.prefix(200))")
+            #expect(text.lowercased().contains("content-type: application/json"), "\(text.prefix(300))")
+            #expect(text.contains("\"headers_too_large\"") && text.contains("max_header_bytes"), "\(text.prefix(400))")
+        }
+        #expect(try exchange(headerValueBytes: 7 * 1024).hasPrefix("HTTP/1.1 200"))
+        try expectServing(daemon)
+    }
+
     @Test("a request trickled one byte per 100 ms is dropped after request_timeout_seconds; others are served meanwhile")
     func trickle() throws {
         let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 30)
