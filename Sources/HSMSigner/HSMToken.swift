@@ -520,15 +520,23 @@ public final class HSMToken: @unchecked Sendable {
     /// - Throws: the signing errors, ``HSMError/Code/keyInvalid`` without a
     ///   public key, ``HSMError/Code/verificationFailed``.
     public func selfTest(keyID: String) throws(HSMError) {
-        let digest = SecureRandom.bytes(32)
-        let publicKey = try self.publicKey(keyID: keyID)
-        let signature = try sign(digest: digest, keyID: keyID)
-        guard publicKey.verify(rawSignature: signature.raw, digest: digest) else {
-            var error = HSMError(.verificationFailed, "the token's signature with key \(keyID) did not verify with its public key")
-            error.keyID = keyID
-            error.tokenLabel = label
-            throw error
+        // The public key of the objects that signed, not one read before:
+        // a key replaced on the token meanwhile (`signctl keys import
+        // --replace` from another process) is looked up again by the sign.
+        // A mismatch is retried once after forgetting the cached objects,
+        // so only a pair that disagrees on the token itself fails.
+        for attempt in 1...2 {
+            let digest = SecureRandom.bytes(32)
+            let signature = try sign(digest: digest, keyID: keyID)
+            let publicKey: ECPublicKey
+            if let used = signature.publicKey { publicKey = used } else { publicKey = try self.publicKey(keyID: keyID) }
+            if publicKey.verify(rawSignature: signature.raw, digest: digest) { return }
+            if attempt == 1 { forgetKey(keyID) }
         }
+        var error = HSMError(.verificationFailed, "the token's signature with key \(keyID) did not verify with its public key")
+        error.keyID = keyID
+        error.tokenLabel = label
+        throw error
     }
 
     // MARK: Health and recovery

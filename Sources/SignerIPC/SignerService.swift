@@ -394,10 +394,13 @@ public final class SignerService: HTTPHandler, Sendable {
 
     /// Signs a SHA-256 digest with `keyID` and, when configured, verifies the
     /// signature with the key's public key before it may leave.
+    /// A signature that does not verify is made once more after the key's
+    /// cached objects are forgotten (`attempt` 2), for a key replaced on the
+    /// token since they were read.
     /// - Returns: raw `r ‖ s` (64 bytes) and DER.
     /// - Throws: `hsm_unavailable` (503, with `Retry-After`), `key_not_found`,
     ///   `internal` (500) for a signature that did not verify (never returned).
-    func sign(digest: [UInt8], keyID: String, _ config: SignerConfiguration) throws(APIError) -> (raw: [UInt8], der: [UInt8]) {
+    func sign(digest: [UInt8], keyID: String, _ config: SignerConfiguration, attempt: Int = 1) throws(APIError) -> (raw: [UInt8], der: [UInt8]) {
         let signature: TokenSignature
         do {
             signature = try token.sign(digest: digest, keyID: keyID)
@@ -425,6 +428,12 @@ public final class SignerService: HTTPHandler, Sendable {
                 throw apiError(error, keyID: keyID)
             }
             guard verified else {
+                // Cached key objects older than a key replaced on the token
+                // are looked up again, once, before a failure is declared.
+                if attempt == 1 {
+                    token.forgetKey(keyID)
+                    return try sign(digest: digest, keyID: keyID, config, attempt: 2)
+                }
                 metrics.count("verification_failures")
                 logger.error("signature_not_verified", ["key.id": .string(keyID), "token.label": .string(token.label)])
                 throw APIError(.internalError, "the signature made by the token did not verify with key \(keyID)'s public key; it was not returned")

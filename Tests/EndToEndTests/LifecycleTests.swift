@@ -303,4 +303,26 @@ struct LifecycleTests {
         #expect(again.error?.code == "key_not_found")
         #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: other))
     }
+
+    /// The README: a replaced key "is used from the next request, no reload needed".
+    @Test("a key replaced by signctl while signerd runs: /readyz stays ready and the next signature verifies with the new key, with verify_before_return on and off",
+          arguments: [true, false])
+    func keyReplacedUnderTheDaemon(verifyBeforeReturn: Bool) throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["readiness_cache_seconds": 0, "verify_before_return": verifyBeforeReturn])
+        try daemon.start()
+        defer { daemon.stop() }
+        let client = daemon.client()
+        #expect(try client.send("GET", "/readyz").status == 200)  // the key's objects are cached now
+        #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM))
+        let replacement = try TestKeyFiles.make()
+        _ = try daemon.signctl(["keys", "import", "--replace", "--key-id", "ABC123DEFG", replacement.pkcs8Apple])
+        let ready = try client.send("GET", "/readyz")
+        #expect(ready.status == 200, "\(String(decoding: ready.body, as: UTF8.self))")
+        #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: replacement.publicKeyPEM))
+        let keys = try client.send("GET", "/v1/keys").decode(KeysResponse.self)
+        #expect(keys.keys.first?.publicKeyPEM == replacement.publicKeyPEM)
+        let metrics = String(decoding: try client.send("GET", "/metrics").body, as: UTF8.self)
+        #expect(metrics.contains("signerd_verification_failures_total 0"), "no false verification failure is counted")
+    }
 }
