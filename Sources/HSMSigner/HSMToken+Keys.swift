@@ -56,7 +56,23 @@ extension HSMToken {
             error.keyID = keyID
             throw error
         }
+        warnIfExportable(keyID, session: session, handle: handle)
         return CachedKey(handle: handle, publicKey: try readPublicKey(keyID, session: session, curve: .p256))
+    }
+
+    /// Logs `key_extractable` (warning) when the private key could leave the
+    /// token: `CKA_EXTRACTABLE` true or `CKA_SENSITIVE` false, as a vendor
+    /// tool may make it (`signctl keys import` never does). The key is still
+    /// used; the log names the fix. Unreadable attributes say nothing.
+    private func warnIfExportable(_ keyID: String, session: UInt, handle: UInt) {
+        let extractable = try? readBool(session, handle, P11.extractable)
+        let sensitive = try? readBool(session, handle, P11.sensitive)
+        guard extractable == true || sensitive == false else { return }
+        logger.warning("key_extractable", [
+            "key.id": .string(keyID), "token.label": .string(label),
+            "key.extractable": .bool(extractable == true), "key.sensitive": .bool(sensitive != false),
+            "hint": "the private key can be read out of the token; import the .p8 again with signctl keys import --replace, which makes it sensitive and non-extractable, and delete other copies",
+        ])
     }
 
     private func readPublicKey(_ keyID: String, session: UInt, curve: ECCurve) throws(HSMError) -> ECPublicKey? {
@@ -181,6 +197,13 @@ extension HSMToken {
     /// - Throws: ``HSMError/Code/keyExists`` (without `replace`),
     ///   ``HSMError/Code/verificationFailed`` (self-test), `pkcs11_failure`.
     public func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool) throws(HSMError) -> KeyImportResult {
+        try importKey(material, keyID: keyID, replace: replace, extractable: false)
+    }
+
+    /// ``importKey(_:keyID:replace:)`` with `CKA_EXTRACTABLE` and the
+    /// opposite `CKA_SENSITIVE` chosen: true only in tests, to make the key a
+    /// vendor tool may leave on a token.
+    func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool, extractable: Bool) throws(HSMError) -> KeyImportResult {
         guard KeyID.isValid(keyID) else {
             throw HSMError(.keyInvalid, "key ID \(keyID) is not 10 characters A-Z0-9")
         }
@@ -199,8 +222,8 @@ extension HSMToken {
                 Attribute(P11.keyType, ulong: P11.ecKeyType),
                 Attribute(P11.token, bool: true),
                 Attribute(P11.private, bool: true),
-                Attribute(P11.sensitive, bool: true),
-                Attribute(P11.extractable, bool: false),
+                Attribute(P11.sensitive, bool: !extractable),
+                Attribute(P11.extractable, bool: extractable),
                 Attribute(P11.sign, bool: true),
                 Attribute(P11.signRecover, bool: false),
                 Attribute(P11.decrypt, bool: false),

@@ -82,7 +82,7 @@ public final class HSMToken: @unchecked Sendable {
     private let loginLock = Locked(())
     /// `C_SignInit`/`C_Sign` calls now inside the module, with their start time.
     private let inFlight = Locked<[ObjectIdentifier: (lease: SessionLease, started: UInt64)]>([:])
-    private var logger: Logger { options.logger }
+    var logger: Logger { options.logger }
 
     struct CachedKey: Sendable {
         var handle: UInt

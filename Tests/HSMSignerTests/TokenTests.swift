@@ -134,6 +134,28 @@ struct TokenTests {
         #expect(try hsm.readPrivateValue(keyID: "EXTRACT001") == nil)
     }
 
+    @Test("a key that can leave the token (CKA_EXTRACTABLE true, CKA_SENSITIVE false) is still used, and key_extractable is logged")
+    func extractableWarning() throws {
+        let token = try SoftHSMFixture.shared.makeToken("extractable-warning")
+        let lines = Mutex<[String]>([])
+        var options = TokenOptions()
+        options.sessionPoolSize = 2
+        options.logger = Logger(minimumLevel: .warning) { line in lines.withLock { $0.append(line) } }
+        let hsm = try HSMToken(uri: PKCS11URI(token.uri), options: options)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "EXPORTABLE", replace: false, extractable: true)
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "GUARDED001", replace: false)
+        let key = try #require(try hsm.listKeys().first { $0.keyID == "EXPORTABLE" })
+        #expect(key.extractable == true && key.sensitive == false)
+        let digest = SHA256.hash(Array("still signs".utf8))
+        #expect(try ECPublicKey(pem: files.publicKeyPEM).verify(rawSignature: try hsm.sign(digest: digest, keyID: "EXPORTABLE").raw, digest: digest))
+        _ = try hsm.sign(digest: digest, keyID: "GUARDED001")
+        let warnings = lines.withLock { $0 }.filter { $0.contains("\"key_extractable\"") }
+        #expect(warnings.count == 1, "\(lines.withLock { $0 })")
+        #expect(warnings.first?.contains("EXPORTABLE") == true && warnings.first?.contains("keys import --replace") == true)
+    }
+
     @Test("the exported public key PEM equals `openssl ec -pubout`, byte for byte")
     func exportPublic() throws {
         let token = try SoftHSMFixture.shared.makeToken("export")
