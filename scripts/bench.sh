@@ -104,6 +104,10 @@ p11kit_up() {
 p11kit_down() {
   kill "$p11kit_pid"; p11kit_pid=""
 }
+# CPU clock ticks used by a process and its reaped children (proc(5) stat fields 14-17).
+process_tree_ticks() {
+  awk '{ sub(/.*\) /, ""); print $12 + $13 + $14 + $15 }' "/proc/$1/stat"
+}
 client_module=$(find /usr/lib -name p11-kit-client.so -path '*pkcs11*' | head -1)
 write_config true "$work/p11kit.json" "pkcs11:token=bench?module-path=$client_module&pin-source=file:$work/hsm/pin"
 
@@ -116,7 +120,10 @@ for round in $(seq 1 "$rounds"); do
     stop_daemon
   done
   p11kit_up
+  server_ticks_before=$(process_tree_ticks "$p11kit_pid")
   run "p11kit-c8-r$round" "$work/p11kit.json" --direct --concurrency 8 --duration "$duration"
+  sleep 0.5  # the server reaps the per-connection child, adding its CPU time to cutime/cstime
+  echo $(( $(process_tree_ticks "$p11kit_pid") - server_ticks_before )) > "$results/p11kit-server-ticks-r$round.txt"
   p11kit_down
 done
 
@@ -144,7 +151,13 @@ python3 - "$results" "$output" "$machine_cpu" "$machine_cores" "$machine_mem" "$
 import json, os, sys, datetime, statistics
 results, output, cpu, cores, mem, versions, duration, soak, commit, rounds = sys.argv[1:]
 rounds = int(rounds)
-r = {name[:-5]: json.load(open(os.path.join(results, name))) for name in os.listdir(results)}
+r = {name[:-5]: json.load(open(os.path.join(results, name))) for name in os.listdir(results) if name.endswith(".json")}
+ticks_per_second = os.sysconf("SC_CLK_TCK")
+def p11kit_server_cpu(n):
+    """p11-kit server's CPU per signature in round n (its per-connection child, reaped), µs."""
+    path = os.path.join(results, "p11kit-server-ticks-r%d.txt" % n)
+    if not os.path.exists(path): return None
+    return int(open(path).read()) * 1e6 / ticks_per_second / max(1, r["p11kit-c8-r%d" % n]["requests"])
 def rps(key): return r[key]["throughput_rps"]
 def per_round(kind): return ["%s-r%d" % (kind, n) for n in range(1, rounds + 1)]
 def median_round(kind):
@@ -196,18 +209,18 @@ lines.append("")
 # CPU per request from the same runs: what each side spent, and the ratio signerd could reach at best if
 # the daemon spent exactly one direct signature's CPU per request (client and daemon share the cores).
 def cpu(key, side): return (r[key].get("cpu_us_per_request") or {}).get(side)
-lines.append("CPU time per request in the same runs (µs, user + system; getrusage for signctl, /proc/PID/stat for signerd). "
+lines.append("CPU time per request in the same runs (µs, user + system; getrusage for signctl and the p11-kit client, /proc/PID/stat for signerd and for the p11-kit server with its reaped per-connection child). "
              "The last column is direct ÷ (direct + client, verify off): the ratio signerd would reach if its daemon spent no more CPU per request than the direct loop spends per signature.")
 lines.append("")
-lines.append("| round | direct, per signature | signerd off: daemon + client | signerd on: daemon + client | p11-kit client side | bound for off / direct |")
+lines.append("| round | direct, per signature | signerd off: daemon + client | signerd on: daemon + client | p11-kit: server + client | bound for off / direct |")
 lines.append("|---|---|---|---|---|---|")
 for n in range(1, rounds + 1):
-    d = cpu("direct-c8-r%d" % n, "signctl"); p = cpu("p11kit-c8-r%d" % n, "signctl")
+    d = cpu("direct-c8-r%d" % n, "signctl"); p = cpu("p11kit-c8-r%d" % n, "signctl"); ps = p11kit_server_cpu(n)
     od, oc = cpu("signerd-verify-off-c8-r%d" % n, "signerd"), cpu("signerd-verify-off-c8-r%d" % n, "signctl")
     vd, vc = cpu("signerd-verify-on-c8-r%d" % n, "signerd"), cpu("signerd-verify-on-c8-r%d" % n, "signctl")
-    if None in (d, p, od, oc, vd, vc):
+    if None in (d, p, ps, od, oc, vd, vc):
         lines.append("| %d | (CPU time not readable) | | | | |" % n); continue
-    lines.append("| %d | %.0f | %.0f + %.0f | %.0f + %.0f | %.0f | %.2f |" % (n, d, od, oc, vd, vc, p, d / (d + oc)))
+    lines.append("| %d | %.0f | %.0f + %.0f | %.0f + %.0f | %.0f + %.0f | %.2f |" % (n, d, od, oc, vd, vc, ps, p, d / (d + oc)))
 lines.append("")
 def med(key): return statistics.median(x[key] for x in rows)
 def held(test): return "%d of %d rounds" % (sum(1 for x in rows if test(x)), rounds)
