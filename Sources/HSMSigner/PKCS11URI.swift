@@ -48,7 +48,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     /// - Throws: ``HSMError/Code/invalidURI`` naming what is wrong (p11-kit's
     ///   parse message, an attribute p11-kit does not recognize or one given
     ///   twice, both `pin-value` and `pin-source`, a `slot-id`, no token
-    ///   selector, no module). The message names attributes, never a `pin-value`.
+    ///   selector, no module, a `pin-source` that is not `file:` and an
+    ///   absolute path). The message names attributes, never a `pin-value`
+    ///   or a `pin-source` that is not a file path.
     public init(_ text: String) throws(HSMError) {
         redacted = PKCS11URI.redact(text)
         guard let uri = p11_kit_uri_new() else {
@@ -85,6 +87,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             if let value, PKCS11URI.mentionsPINValue(value) || value.contains(";") || value.contains("?") {
                 throw HSMError(.invalidURI, "token_uri: the \(name) value holds \";\", \"?\" or a pin-value; separate query attributes with & (the value is not shown: it may hold a PIN)")
             }
+        }
+        if let pinSource, PKCS11URI.pinFilePath(pinSource) == nil {
+            throw HSMError(.invalidURI, "token_uri: pin-source must be file:/absolute/path, the file that holds the PIN (the value given is not shown: it may be the PIN itself)")
         }
         hasPINValue = p11_kit_uri_get_pin_value(uri) != nil
         guard pinSource != nil || hasPINValue else {
@@ -126,16 +131,26 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         guard let source = pinSource else {
             throw HSMError(.pinSourceUnreadable, "token_uri has no pin-source")
         }
+        guard let path = PKCS11URI.pinFilePath(source) else {
+            // init refuses such a source; never echo it: it may be the PIN itself.
+            throw HSMError(.pinSourceUnreadable, "pin-source *** must be file:/absolute/path")
+        }
+        return try PKCS11URI.readPINFile(path)
+    }
+
+    /// The PIN file a `pin-source` value names: `file:/abs`, `file:///abs`
+    /// or a bare `/abs` path.
+    /// - Parameter source: the `pin-source` value, percent-decoded.
+    /// - Returns: the absolute path, or nil for anything else (such as a PIN
+    ///   written where the path belongs), which must never be shown.
+    static func pinFilePath(_ source: String) -> String? {
         var path = source
         if path.hasPrefix("file://") {
             path = String(path.dropFirst(7))
         } else if path.hasPrefix("file:") {
             path = String(path.dropFirst(5))
         }
-        guard path.hasPrefix("/") else {
-            throw HSMError(.pinSourceUnreadable, "pin-source \(source) must be file:/absolute/path")
-        }
-        return try PKCS11URI.readPINFile(path)
+        return path.hasPrefix("/") ? path : nil
     }
 
     static func readPINFile(_ path: String) throws(HSMError) -> SecureBytes {
@@ -269,7 +284,8 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     /// allow-list, so that `pin-value` in any spelling (`Pin-Value`,
     /// `pin%2Dvalue`, `pin_value`) and anything unknown stay hidden. A
     /// shown value that itself mentions a PIN value (`…so;pin-value=…`,
-    /// a missing `&`) is hidden too.
+    /// a missing `&`) is hidden too, and so is a `pin-source` that is not a
+    /// file path (a PIN written where the path belongs).
     private static func redact(_ text: String) -> String {
         let (bytes, found) = attributes(of: text)
         var out: [UInt8] = []
@@ -277,7 +293,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         for attribute in found {
             let raw = String(decoding: bytes[attribute.range], as: UTF8.self)
             let value = raw.drop { $0 != "=" }.dropFirst()
+            let isPINSource = attribute.name == "pin-source" || attribute.name == "pinfile"
             let shown = shownAttributes.contains(attribute.name) && raw.contains("=") && !mentionsPINValue(String(value))
+                && (!isPINSource || pinFilePath(String(value).removingPercentEncoding ?? String(value)) != nil)
             guard !shown else { continue }
             out += bytes[index..<attribute.range.lowerBound]
             out += Array((raw.contains("=") ? "\(raw.prefix { $0 != "=" })=***" : "***").utf8)
