@@ -245,12 +245,21 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     /// attribute that nothing reads), and an attribute given twice, of which
     /// p11-kit keeps the last (`pinfile` counts as `pin-source`, its older name).
     /// - Parameter text: a URI p11-kit has parsed.
-    /// - Throws: ``HSMError/Code/invalidURI`` naming the attribute (never its value).
+    /// - Throws: ``HSMError/Code/invalidURI`` naming the attribute (never its
+    ///   value), or naming a token attribute longer than its `CK_TOKEN_INFO`
+    ///   field (32 bytes for `token` and `manufacturer`, 16 for `model` and `serial`).
     private static func checkAttributes(_ text: String) throws(HSMError) {
         let query: Set<String> = ["pin-source", "pinfile", "pin-value", "module-name", "module-path"]  // p11-kit's parse_pin_query, parse_module_query
         let (bytes, found) = attributes(of: text)
         var seen: Set<String> = []
         for attribute in found {
+            if !attribute.inQuery, let (limit, field) = tokenInfoFieldSizes[attribute.name] {
+                let raw = String(decoding: bytes[attribute.range].drop { $0 != UInt8(ascii: "=") }.dropFirst(), as: UTF8.self)
+                let length = (raw.removingPercentEncoding ?? raw).utf8.count
+                guard length <= limit else {
+                    throw HSMError(.invalidURI, "token_uri: \(attribute.name) is \(length) bytes long; PKCS#11 holds at most \(limit) bytes for it (CK_TOKEN_INFO \(field)), so no token can match")
+                }
+            }
             if attribute.inQuery ? !query.contains(attribute.name) : !recognizedInPath(String(decoding: bytes[attribute.range], as: UTF8.self)) {
                 throw HSMError(.invalidURI, "token_uri has the \(attribute.inQuery ? "query" : "path") attribute \"\(attribute.name)\", which p11-kit does not recognize and would ignore; signerd reads token, serial, manufacturer and model in the path, module-path, module-name, pin-source and pin-value in the query")
             }
@@ -260,6 +269,13 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             }
         }
     }
+
+    /// The token path attributes with their `CK_TOKEN_INFO` field sizes, in
+    /// bytes (PKCS#11 2.40 §3.2): p11-kit leaves a longer value unrecognized.
+    private static let tokenInfoFieldSizes: [String: (Int, String)] = [
+        "token": (32, "label"), "manufacturer": (32, "manufacturerID"),
+        "model": (16, "model"), "serial": (16, "serialNumber"),
+    ]
 
     /// Whether p11-kit recognizes `attribute` (`name=value`) as a path attribute:
     /// parsed alone, it leaves `p11_kit_uri_any_unrecognized` unset.

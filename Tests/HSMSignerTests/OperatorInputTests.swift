@@ -33,3 +33,28 @@ struct OperatorURITests {
         #expect(refused?.description.contains("s3cret") == false, "\(refused?.description ?? "")")
     }
 }
+
+@Suite("Operator input: token attribute lengths")
+struct OperatorTokenFieldTests {
+    /// A 33-byte label was reported as an attribute p11-kit does not recognize.
+    @Test("a token attribute longer than its CK_TOKEN_INFO field is named with the limit", arguments: [
+        ("token=" + String(repeating: "a", count: 33), "token is 33 bytes long; PKCS#11 holds at most 32 bytes"),
+        ("token=" + String(repeating: "%61", count: 33), "token is 33 bytes long; PKCS#11 holds at most 32 bytes"),
+        ("token=a;manufacturer=" + String(repeating: "m", count: 40), "manufacturer is 40 bytes long; PKCS#11 holds at most 32 bytes"),
+        ("token=a;model=" + String(repeating: "m", count: 17), "model is 17 bytes long; PKCS#11 holds at most 16 bytes"),
+        ("serial=" + String(repeating: "1", count: 17), "serial is 17 bytes long; PKCS#11 holds at most 16 bytes"),
+    ])
+    func tooLong(_ path: String, _ expected: String) throws {
+        let error = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:\(path)?module-path=/x.so&pin-source=file:/p") }
+        #expect(error?.code == .invalidURI)
+        #expect(error?.message.contains(expected) == true, "\(error?.message ?? "no error")")
+        #expect(error?.message.contains("does not recognize") == false)
+    }
+
+    @Test("values that fill their fields exactly are accepted")
+    func exactlyFull() throws {
+        let label = String(repeating: "a", count: 32)
+        let uri = try PKCS11URI("pkcs11:token=\(label);model=\(String(repeating: "m", count: 16));serial=\(String(repeating: "1", count: 16))?module-path=/x.so&pin-source=file:/p")
+        #expect(uri.tokenLabel == label)
+    }
+}
