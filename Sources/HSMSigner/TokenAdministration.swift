@@ -1,3 +1,7 @@
+// Token set-up for development tokens. Imports CPKCS11 only to read the PIN
+// length limits of CK_TOKEN_INFO, which TokenInfo does not carry.
+internal import CPKCS11
+
 /// Token set-up for development tokens (SoftHSM): what `softhsm2-util
 /// --init-token` does, but with PINs read from files instead of argv or a
 /// terminal.
@@ -8,11 +12,18 @@ public enum TokenAdministration {
         case initialized(serial: String)
         /// A token with the label already existed and was left alone.
         case alreadyInitialized(serial: String)
+        /// A token with the label existed without a user PIN (an earlier
+        /// initialization stopped half-way); its user PIN was set.
+        case userPINSet(serial: String)
     }
 
     /// Initializes a token with `label` in a free slot (`C_InitToken`), then
     /// sets its user PIN (`C_Login` as SO, `C_InitPIN`, `C_Logout`). If an
-    /// initialized token with this label exists, nothing is changed.
+    /// initialized token with this label exists, nothing is changed, unless
+    /// it has no user PIN: then only the user PIN is set. Both PINs are
+    /// checked against the token's `ulMinPinLen` and `ulMaxPinLen`
+    /// (`C_GetTokenInfo`) before anything is changed, so a PIN the token
+    /// would refuse cannot leave it initialized without a user PIN.
     /// - Parameters:
     ///   - modulePath: the PKCS#11 module (e.g. `libsofthsm2.so`).
     ///   - label: the token label, at most 32 bytes.
@@ -20,6 +31,8 @@ public enum TokenAdministration {
     ///   - userPIN: the user PIN to set.
     /// - Returns: whether a token was initialized, and its serial number.
     /// - Throws: ``HSMError/Code/tokenNotFound`` when no free slot exists;
+    ///   ``HSMError/Code/pinRejected`` (`CKR_PIN_LEN_RANGE`) when a PIN is
+    ///   shorter or longer than the token takes, before any change;
     ///   `pkcs11_failure` with the function and `CKR_*` value.
     public static func initializeToken(modulePath: String, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) -> Outcome {
         guard !label.isEmpty, label.utf8.count <= 32 else {
@@ -40,26 +53,60 @@ public enum TokenAdministration {
 
         let present = try tokens()
         if let existing = present.first(where: { $0.1.label == label && $0.1.flags & P11.tokenInitialized != 0 }) {
-            return .alreadyInitialized(serial: existing.1.serial)
+            guard existing.1.flags & P11.userPINInitialized == 0 else {
+                return .alreadyInitialized(serial: existing.1.serial)
+            }
+            try checkPINLengths(module, slot: existing.0, label: label, soPIN: soPIN, userPIN: userPIN)
+            try setUserPIN(functions, slot: existing.0, label: label, soPIN: soPIN, userPIN: userPIN)
+            return .userPINSet(serial: existing.1.serial)
         }
         guard let free = present.first(where: { $0.1.flags & P11.tokenInitialized == 0 }) else {
             throw HSMError(.tokenNotFound, "no free (uninitialized) token in \(modulePath)")
         }
-        var rv = functions.initToken(slot: free.0, soPIN: soPIN, label: label)
+        try checkPINLengths(module, slot: free.0, label: label, soPIN: soPIN, userPIN: userPIN)
+        let rv = functions.initToken(slot: free.0, soPIN: soPIN, label: label)
         guard rv == .ok else { throw HSMError(pkcs11: .initToken, rv, message: "cannot initialize token \(label)") }
         // SoftHSM moves an initialized token to a new slot ID: find it again by label.
         guard let (slot, info) = try tokens().first(where: { $0.1.label == label && $0.1.flags & P11.tokenInitialized != 0 }) else {
             throw HSMError(.tokenNotFound, "token \(label) vanished after C_InitToken")
         }
+        try setUserPIN(functions, slot: slot, label: label, soPIN: soPIN, userPIN: userPIN)
+        return .initialized(serial: info.serial)
+    }
+
+    /// Sets the user PIN of an initialized token: `C_Login` as SO,
+    /// `C_InitPIN`, `C_Logout`, on a read-write session.
+    /// - Throws: `pin_rejected` or `pkcs11_failure` naming the function.
+    private static func setUserPIN(_ functions: PKCS11Functions, slot: UInt, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) {
         let (openRV, session) = functions.openSession(slot: slot, readWrite: true)
         guard openRV == .ok else { throw HSMError(pkcs11: .openSession, openRV, message: "cannot open a session on \(label)") }
         defer { functions.closeSession(session) }
-        rv = functions.loginSecurityOfficer(session, pin: soPIN)
+        var rv = functions.loginSecurityOfficer(session, pin: soPIN)
         guard rv == .ok else { throw HSMError(pkcs11: .login, rv, message: "cannot log in as SO on \(label)") }
         defer { functions.logout(session) }
         rv = functions.initPIN(session, pin: userPIN)
         guard rv == .ok else { throw HSMError(pkcs11: .initPIN, rv, message: "cannot set the user PIN of \(label)") }
-        return .initialized(serial: info.serial)
+    }
+
+    /// Refuses a PIN outside the token's `ulMinPinLen`…`ulMaxPinLen` (bytes)
+    /// before anything is changed. The message gives the limits, never the
+    /// PIN or its length. Skipped when the token does not answer
+    /// `C_GetTokenInfo` (the later calls then report what it says).
+    ///
+    /// The corresponding PKCS#11 function is `C_GetTokenInfo`.
+    /// - Throws: ``HSMError/Code/pinRejected`` with `CKR_PIN_LEN_RANGE`.
+    private static func checkPINLengths(_ module: PKCS11Module, slot: UInt, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) {
+        var info = CK_TOKEN_INFO()
+        guard PKCS11ReturnValue(rawValue: module.list.pointee.C_GetTokenInfo(CK_SLOT_ID(slot), &info)) == .ok else { return }
+        let minimum = Int(info.ulMinPinLen)
+        let maximum = Int(clamping: UInt(info.ulMaxPinLen))
+        for (name, pin) in [("user PIN (--pin-file)", userPIN), ("SO PIN (--so-pin-file)", soPIN)] where pin.count < minimum || pin.count > maximum {
+            var error = HSMError(.pinRejected, "the \(name) is \(pin.count < minimum ? "shorter" : "longer") than token \(label) takes: \(minimum) to \(maximum) bytes (ulMinPinLen, ulMaxPinLen); nothing was changed")
+            error.function = PKCS11Function.getTokenInfo.rawValue
+            error.returnValue = .pinLenRange
+            error.tokenLabel = label
+            throw error
+        }
     }
 
     /// Reads a PIN file the way ``PKCS11URI/readPIN()`` does (mode checked,

@@ -3,7 +3,9 @@ import HSMSigner
 import SignerIPC
 
 func exitCode(for error: HSMError) -> ExitCode {
-    switch error.code {
+    // A token without a user PIN is a set-up problem, not a failure of signctl.
+    if error.returnValue == .userPinNotInitialized { return .config }
+    return switch error.code {
     case .keyNotFound, .keyExists, .keyInvalid, .verificationFailed: .dataError
     case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
     case .pinRejected: .noPermission
@@ -13,7 +15,13 @@ func exitCode(for error: HSMError) -> ExitCode {
 }
 
 func hint(for error: HSMError) -> String? {
-    switch error.code {
+    if error.returnValue == .userPinNotInitialized {
+        return "the token has no user PIN (an earlier token init stopped half-way): run signctl token init again with the same label and SO PIN file to set it"
+    }
+    if error.returnValue == .pinLenRange {
+        return "write a PIN of a length the token takes into the PIN file"
+    }
+    return switch error.code {
     case .keyExists: "pass --replace to replace the key on the token"
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
     case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made"
@@ -34,7 +42,7 @@ func openToken(configPath: String) throws -> HSMToken {
 func tokenInit(_ words: [String]) throws -> ExitCode {
     let arguments = try Arguments(words, options: ["label", "pin-file", "so-pin-file", "module"], flags: [])
     if arguments.flag("help") {
-        print("usage: signctl token init --label LABEL --pin-file F --so-pin-file F [--module PATH]\n\nInitializes a free token (SoftHSM) and sets its PINs, read from files (mode 0600).\nIdempotent: an initialized token with the label is left alone.")
+        print("usage: signctl token init --label LABEL --pin-file F --so-pin-file F [--module PATH]\n\nInitializes a free token (SoftHSM) and sets its PINs, read from files (mode 0600).\nIdempotent: an initialized token with the label is left alone; one without a user PIN gets it.\nBoth PINs are checked against the token's PIN length limits before anything changes.")
         return .success
     }
     _ = try arguments.positionals(0, "")
@@ -47,6 +55,7 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     switch outcome {
     case .initialized(let serial): print("initialized token \(label) (serial \(serial))")
     case .alreadyInitialized(let serial): print("token \(label) already initialized (serial \(serial)); left unchanged")
+    case .userPINSet(let serial): print("token \(label) was initialized without a user PIN (serial \(serial)); set the user PIN")
     }
     return .success
 }

@@ -1,0 +1,97 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import TestSupport
+import Testing
+
+/// Runs the built signctl with `environment` added, never throwing.
+/// - Returns: the exit status, stdout and stderr.
+func runSignctl(_ arguments: [String], environment extra: [String: String] = [:]) -> (status: Int32, stdout: String, stderr: String) {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: Binaries.signctl)
+    process.arguments = arguments
+    process.environment = ProcessInfo.processInfo.environment.merging(extra) { _, new in new }
+    let output = Pipe()
+    let errors = Pipe()
+    process.standardOutput = output
+    process.standardError = errors
+    do { try process.run() } catch { return (-1, "", "\(error)") }
+    let out = output.fileHandleForReading.readDataToEndOfFile()
+    let err = errors.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
+}
+
+/// A SoftHSM token directory of its own, with one free slot, for `signctl token init`.
+struct FreeSoftHSM {
+    let directory: String
+    let environment: [String: String]
+    let modulePath = ProcessInfo.processInfo.environment["SIGNERD_TEST_SOFTHSM_MODULE"] ?? "/usr/lib/softhsm/libsofthsm2.so"
+
+    init() throws {
+        directory = TemporaryDirectory.make(prefix: "signerd-init")
+        try FileManager.default.createDirectory(atPath: directory + "/tokens", withIntermediateDirectories: true)
+        try "directories.tokendir = \(directory)/tokens\nobjectstore.backend = file\nlog.level = ERROR\n"
+            .write(toFile: directory + "/softhsm2.conf", atomically: false, encoding: .utf8)
+        environment = ["SOFTHSM2_CONF": directory + "/softhsm2.conf"]
+    }
+
+    /// Writes a 0600 PIN file and returns its path.
+    func pinFile(_ name: String, _ pin: String) throws -> String {
+        try writeSecretFile(directory + "/" + name, pin)
+        return directory + "/" + name
+    }
+
+    /// A configuration file whose token_uri names `label` with the PIN in `pinPath`.
+    func config(label: String, pinPath: String) throws -> String {
+        let path = directory + "/signerd.json"
+        try #"{"token_uri": "pkcs11:token=\#(label)?module-path=\#(modulePath)&pin-source=file:\#(pinPath)"}"#
+            .write(toFile: path, atomically: false, encoding: .utf8)
+        return path
+    }
+}
+
+@Suite("signctl token init: PIN length and half-initialized tokens", .serialized)
+struct SignctlTokenInitTests {
+    /// C_InitPIN refused a 3-byte PIN after C_InitToken had run, leaving a
+    /// token without a user PIN that a second run called "already initialized".
+    @Test("a user PIN shorter than ulMinPinLen is refused before C_InitToken; the token stays free")
+    func shortPINRefusedFirst() throws {
+        let hsm = try FreeSoftHSM()
+        let soPIN = try hsm.pinFile("so-pin", "12345678")
+        let short = try hsm.pinFile("short-pin", "123")
+        let refused = runSignctl(["token", "init", "--label", "short", "--pin-file", short, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
+        #expect(refused.status == 77, "\(refused.stderr)")
+        #expect(refused.stderr.contains("the user PIN (--pin-file) is shorter than token short takes: 4 to 255 bytes"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("nothing was changed"))
+        #expect(!refused.stderr.contains("123\n") && !refused.stderr.contains(" 123"), "the PIN is never shown")
+        let good = try hsm.pinFile("pin", "87654321")
+        let done = runSignctl(["token", "init", "--label", "short", "--pin-file", good, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
+        #expect(done.status == 0, "\(done.stderr)")
+        #expect(done.stdout.hasPrefix("initialized token short"), "the token was still free: \(done.stdout)")
+        let list = runSignctl(["--config", try hsm.config(label: "short", pinPath: good), "keys", "list"], environment: hsm.environment)
+        #expect(list.status == 0, "\(list.stderr)")
+        #expect(list.stdout.contains("no keys on token short"))
+    }
+
+    @Test("a token without a user PIN: keys list exits 78 with a hint, and token init sets the user PIN",
+          .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/pkcs11-tool"), "needs OpenSC's pkcs11-tool to make such a token"))
+    func halfInitialized() throws {
+        let hsm = try FreeSoftHSM()
+        // C_InitToken alone, as the old signctl left it after C_InitPIN failed.
+        try run(["pkcs11-tool", "--module", hsm.modulePath, "--init-token", "--label", "half", "--so-pin", "12345678"], environment: ProcessInfo.processInfo.environment.merging(hsm.environment) { _, new in new })
+        let soPIN = try hsm.pinFile("so-pin", "12345678")
+        let pin = try hsm.pinFile("pin", "87654321")
+        let config = try hsm.config(label: "half", pinPath: pin)
+        let list = runSignctl(["--config", config, "keys", "list"], environment: hsm.environment)
+        #expect(list.status == 78, "\(list.stderr)")
+        #expect(list.stderr.contains("CKR_USER_PIN_NOT_INITIALIZED"), "\(list.stderr)")
+        #expect(list.stderr.contains("hint: the token has no user PIN"), "\(list.stderr)")
+        let repaired = runSignctl(["token", "init", "--label", "half", "--pin-file", pin, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
+        #expect(repaired.status == 0, "\(repaired.stderr)")
+        #expect(repaired.stdout.contains("without a user PIN") && repaired.stdout.contains("set the user PIN"), "\(repaired.stdout)")
+        let after = runSignctl(["--config", config, "keys", "list"], environment: hsm.environment)
+        #expect(after.status == 0, "\(after.stderr)")
+        #expect(after.stdout.contains("no keys on token half"))
+    }
+}
