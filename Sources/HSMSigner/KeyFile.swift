@@ -28,11 +28,21 @@ public final class ECPrivateKeyMaterial: Sendable {
 
     /// Parses PEM key text held in a secure buffer.
     /// - Parameter pem: the file's bytes.
-    /// - Throws: ``CryptoError/Code/keyFileInvalid`` (not a PEM private key),
+    /// - Throws: ``CryptoError/Code/keyFileInvalid`` (not a PEM private key,
+    ///   each with its own headline: an empty file, an encrypted key, a
+    ///   public point off the curve),
     ///   ``CryptoError/Code/unsupportedKeyType`` (RSA, Ed25519, …),
-    ///   ``CryptoError/Code/unsupportedCurve`` (any curve but P-256).
+    ///   ``CryptoError/Code/unsupportedCurve`` (any curve but P-256, named).
     public init(pem: SecureBytes) throws(CryptoError) {
         ERR_clear_error()  // drop what other libraries (a PKCS#11 module's engine loading) left behind
+        let text = pem.withUnsafeBytes { bytes in (empty: bytes.allSatisfy { [0x20, 0x09, 0x0a, 0x0d].contains($0) },
+                                                   encrypted: ECPrivateKeyMaterial.contains(bytes, "-----BEGIN ENCRYPTED") || ECPrivateKeyMaterial.contains(bytes, "Proc-Type: 4,ENCRYPTED")) }
+        guard !text.empty else {
+            throw CryptoError(.keyFileInvalid, "the key file is empty")
+        }
+        guard !text.encrypted else {
+            throw CryptoError(.keyFileInvalid, "the key file is encrypted (-----BEGIN ENCRYPTED PRIVATE KEY----- or Proc-Type: 4,ENCRYPTED); export it unencrypted as Apple delivers it (-----BEGIN PRIVATE KEY-----)")
+        }
         let parsed: OpaquePointer? = pem.withUnsafeBytes { bytes in
             guard let bio = BIO_new_mem_buf(bytes.baseAddress, Int32(bytes.count)) else { return nil }
             defer { BIO_free(bio) }
@@ -41,7 +51,12 @@ public final class ECPrivateKeyMaterial: Sendable {
             return PEM_read_bio_PrivateKey(bio, nil, { _, _, _, _ in 0 }, nil)
         }
         guard let parsed else {
-            throw CryptoError(.keyFileInvalid, "not a PEM private key: expected -----BEGIN PRIVATE KEY----- (PKCS#8) or -----BEGIN EC PRIVATE KEY----- (SEC1), unencrypted")
+            let error = CryptoError(.keyFileInvalid, "not a PEM private key: expected -----BEGIN PRIVATE KEY----- (PKCS#8) or -----BEGIN EC PRIVATE KEY----- (SEC1), unencrypted")
+            // OpenSSL's reason text for EC_R_POINT_IS_NOT_ON_CURVE.
+            if error.openSSLErrors.contains(where: { $0.hasSuffix(":point is not on curve") }) {
+                throw CryptoError(.keyFileInvalid, "the key's public point is not on the curve: the file is damaged or was edited; download the key again from App Store Connect")
+            }
+            throw error
         }
         let key = EVPKey(taking: parsed)
         let type = EVP_PKEY_get_base_id(key.pointer)
@@ -50,8 +65,9 @@ public final class ECPrivateKeyMaterial: Sendable {
             throw CryptoError(.unsupportedKeyType, "the key is \(name); an App Store In-App Purchase key is EC P-256")
         }
         guard let curve = ECPublicKey.curve(of: key.pointer), curve == .p256 else {
-            let name = ECPublicKey.curve(of: key.pointer)?.rawValue ?? "an unnamed or unsupported curve"
-            throw CryptoError(.unsupportedCurve, "the key is on \(name); an App Store In-App Purchase key is on P-256 (prime256v1)")
+            let name = ECPublicKey.curve(of: key.pointer)?.rawValue ?? ECPrivateKeyMaterial.groupName(of: key.pointer)
+            throw CryptoError(.unsupportedCurve, name.map { "the key is on \($0); \($0) is not P-256: an App Store In-App Purchase key is on P-256 (prime256v1)" }
+                ?? "the key is on an unnamed curve; an App Store In-App Purchase key is on P-256 (prime256v1)")
         }
         self.curve = curve
 
@@ -82,6 +98,25 @@ public final class ECPrivateKeyMaterial: Sendable {
     public convenience init(contentsOf path: String) throws(CryptoError) {
         let pem = try ECPrivateKeyMaterial.readSecretFile(path)
         try self.init(pem: pem)
+    }
+
+    /// OpenSSL's name of an EC key's group (`secp256k1`), for curves
+    /// ``ECCurve`` does not know; nil when the group has no name.
+    private static func groupName(of key: OpaquePointer) -> String? {
+        var name = [CChar](repeating: 0, count: 64)
+        var length = 0
+        guard EVP_PKEY_get_utf8_string_param(key, OSSL_PKEY_PARAM_GROUP_NAME, &name, name.count, &length) == 1, length > 0 else { return nil }
+        return String(decoding: name.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
+    }
+
+    /// Whether `bytes` contain `word` (ASCII), without copying them out of
+    /// their wiped buffer.
+    static func contains(_ bytes: UnsafeRawBufferPointer, _ word: String) -> Bool {
+        let needle = Array(word.utf8)
+        guard bytes.count >= needle.count else { return false }
+        return (0...(bytes.count - needle.count)).contains { start in
+            needle.indices.allSatisfy { bytes[start + $0] == needle[$0] }
+        }
     }
 
     /// Reads a whole small file into a wiped buffer, never through `String`.

@@ -58,3 +58,50 @@ struct OperatorTokenFieldTests {
         #expect(uri.tokenLabel == label)
     }
 }
+
+@Suite("Operator input: key file headlines")
+struct OperatorKeyFileTests {
+    static func write(_ name: String, _ text: String) throws -> String {
+        let path = TemporaryDirectory.make(prefix: "signerd-keyfile") + "/" + name
+        try writeSecretFile(path, text)
+        return path
+    }
+
+    /// Each of these said "not a PEM private key: expected … unencrypted"
+    /// followed by OpenSSL's error queue.
+    @Test("an empty file, an encrypted key and a public point off the curve each get their own headline")
+    func headlines() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-keyfile")
+        let encrypted = directory + "/enc.p8"
+        try run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-aes256", "-pass", "pass:testonly", "-out", encrypted])
+        let legacy = directory + "/legacy.pem"
+        try run(["openssl", "ec", "-in", encrypted, "-passin", "pass:testonly", "-aes256", "-passout", "pass:testonly", "-out", legacy])
+        // SEC1 DER ends with the public point 04‖X‖Y: flip a bit of Y.
+        let files = try TestKeyFiles.make()
+        var der = [UInt8](try run(["openssl", "ec", "-in", files.sec1, "-outform", "DER"]))
+        der[der.count - 1] ^= 1
+        let offCurve = try Self.write("offcurve.p8", TestKeyFiles.pem("EC PRIVATE KEY", der, lineEnding: "\n"))
+        let cases: [(String, String)] = [
+            (try Self.write("empty.p8", ""), "the key file is empty"),
+            (try Self.write("blank.p8", " \n\r\n"), "the key file is empty"),
+            (encrypted, "the key file is encrypted ("),
+            (legacy, "the key file is encrypted ("),
+            (offCurve, "the key's public point is not on the curve"),
+        ]
+        for (path, headline) in cases {
+            let error = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: path) }
+            #expect(error?.code == .keyFileInvalid)
+            #expect(error?.message.hasPrefix(headline) == true, "\(path): \(error?.description ?? "no error")")
+            #expect(error?.description.contains("not a PEM private key") == false, "\(path): \(error?.description ?? "")")
+        }
+    }
+
+    @Test("a secp256k1 key is refused naming secp256k1")
+    func secp256k1() throws {
+        let path = TemporaryDirectory.make(prefix: "signerd-keyfile") + "/k1.p8"
+        try run(["openssl", "genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:secp256k1", "-out", path])
+        let error = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: path) }
+        #expect(error?.code == .unsupportedCurve)
+        #expect(error?.message.contains("secp256k1 is not P-256") == true, "\(error?.message ?? "no error")")
+    }
+}
