@@ -29,16 +29,20 @@ public final class ECPrivateKeyMaterial: Sendable {
     /// Parses PEM key text held in a secure buffer.
     /// - Parameter pem: the file's bytes.
     /// - Throws: ``CryptoError/Code/keyFileInvalid`` (not a PEM private key,
-    ///   each with its own headline: an empty file, an encrypted key, a
-    ///   public point off the curve),
+    ///   each with its own headline: an empty file, more than one PEM private
+    ///   key, an encrypted key, a public point off the curve),
     ///   ``CryptoError/Code/unsupportedKeyType`` (RSA, Ed25519, …),
     ///   ``CryptoError/Code/unsupportedCurve`` (any curve but P-256, named).
     public init(pem: SecureBytes) throws(CryptoError) {
         ERR_clear_error()  // drop what other libraries (a PKCS#11 module's engine loading) left behind
         let text = pem.withUnsafeBytes { bytes in (empty: bytes.allSatisfy { [0x20, 0x09, 0x0a, 0x0d].contains($0) },
-                                                   encrypted: ECPrivateKeyMaterial.contains(bytes, "-----BEGIN ENCRYPTED") || ECPrivateKeyMaterial.contains(bytes, "Proc-Type: 4,ENCRYPTED")) }
+                                                   encrypted: ECPrivateKeyMaterial.count(bytes, "-----BEGIN ENCRYPTED") + ECPrivateKeyMaterial.count(bytes, "Proc-Type: 4,ENCRYPTED") > 0,
+                                                   keys: ECPrivateKeyMaterial.count(bytes, "-----BEGIN ") == 0 ? 0 : ECPrivateKeyMaterial.count(bytes, "PRIVATE KEY-----") / 2) }
         guard !text.empty else {
             throw CryptoError(.keyFileInvalid, "the key file is empty")
+        }
+        guard text.keys <= 1 else {
+            throw CryptoError(.keyFileInvalid, "the key file holds \(text.keys) PEM private keys; put each key in a file of its own (import reads one key per file, and which one was meant cannot be told)")
         }
         guard !text.encrypted else {
             throw CryptoError(.keyFileInvalid, "the key file is encrypted (-----BEGIN ENCRYPTED PRIVATE KEY----- or Proc-Type: 4,ENCRYPTED); export it unencrypted as Apple delivers it (-----BEGIN PRIVATE KEY-----)")
@@ -109,12 +113,12 @@ public final class ECPrivateKeyMaterial: Sendable {
         return String(decoding: name.prefix(length).map { UInt8(bitPattern: $0) }, as: UTF8.self)
     }
 
-    /// Whether `bytes` contain `word` (ASCII), without copying them out of
-    /// their wiped buffer.
-    static func contains(_ bytes: UnsafeRawBufferPointer, _ word: String) -> Bool {
+    /// How often `bytes` contain `word` (ASCII), counted without copying
+    /// them out of their wiped buffer.
+    static func count(_ bytes: UnsafeRawBufferPointer, _ word: String) -> Int {
         let needle = Array(word.utf8)
-        guard bytes.count >= needle.count else { return false }
-        return (0...(bytes.count - needle.count)).contains { start in
+        guard bytes.count >= needle.count else { return 0 }
+        return (0...(bytes.count - needle.count)).count { start in
             needle.indices.allSatisfy { bytes[start + $0] == needle[$0] }
         }
     }

@@ -105,3 +105,23 @@ struct OperatorKeyFileTests {
         #expect(error?.message.contains("secp256k1 is not P-256") == true, "\(error?.message ?? "no error")")
     }
 }
+
+@Suite("Operator input: one key per file")
+struct OperatorKeyCountTests {
+    /// The first of two keys was imported without a word.
+    @Test("a file with two PEM private keys is refused; one key with trailing text still imports")
+    func twoKeys() throws {
+        let first = try TestKeyFiles.make()
+        let second = try TestKeyFiles.make()
+        let one = try String(contentsOfFile: first.pkcs8Apple, encoding: .utf8)
+        let mixed = [(one + (try String(contentsOfFile: second.pkcs8OpenSSL, encoding: .utf8)), 2),
+                     (one + (try String(contentsOfFile: second.sec1, encoding: .utf8)) + one, 3)]
+        for (text, keys) in mixed {
+            let path = try OperatorKeyFileTests.write("two.p8", text)
+            let error = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: path) }
+            #expect(error?.code == .keyFileInvalid)
+            #expect(error?.message.hasPrefix("the key file holds \(keys) PEM private keys") == true, "\(error?.message ?? "no error")")
+        }
+        #expect(try ECPrivateKeyMaterial(contentsOf: first.pkcs8Apple).publicKey == ECPublicKey(pem: first.publicKeyPEM))
+    }
+}
