@@ -73,17 +73,22 @@ func keyIDArgument(_ arguments: Arguments) throws -> String {
 }
 
 func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
-    let arguments = try Arguments(words, options: ["key-id"], flags: ["replace", "json"])
+    let arguments = try Arguments(words, options: ["key-id"], flags: ["replace", "json", "force-key-id"])
     if arguments.flag("help") {
-        print("usage: signctl keys import [--key-id ID] [--replace] [--json] FILE.p8\n\nThe key ID comes from an AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8 file name unless given.")
+        print("usage: signctl keys import [--key-id ID [--force-key-id]] [--replace] [--json] FILE.p8\n\nThe key ID comes from an AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8 file name unless given.\nA --key-id other than the one in such a name is refused unless --force-key-id is given.")
         return .success
     }
     let path = try arguments.positionals(1, "the key file (FILE.p8)")[0]
-    guard let keyID = arguments.options["key-id"] ?? ECPrivateKeyMaterial.keyID(fromFileName: path) else {
+    let nameKeyID = ECPrivateKeyMaterial.keyID(fromFileName: path)
+    guard let keyID = arguments.options["key-id"] ?? nameKeyID else {
         throw UsageError("cannot tell the key ID from the file name \(path)", hint: "pass --key-id ID (10 characters A-Z0-9, as App Store Connect shows it)")
     }
     guard KeyID.isValid(keyID) else {
         throw UsageError("--key-id must be 10 characters A-Z0-9; got \(keyID)")
+    }
+    if let nameKeyID, nameKeyID != keyID, !arguments.flag("force-key-id") {
+        throw UsageError("--key-id \(keyID) differs from the key ID \(nameKeyID) in the file name: Apple names the file it delivers after the key's ID, and a signature made under the wrong key ID is refused by the App Store",
+                         hint: "leave out --key-id to use \(nameKeyID), or add --force-key-id if the file was renamed")
     }
     let material = try ECPrivateKeyMaterial(contentsOf: path)
     let token = try openToken(configPath: configPath)

@@ -95,3 +95,36 @@ struct SignctlTokenInitTests {
         #expect(after.stdout.contains("no keys on token half"))
     }
 }
+
+/// A fresh token of the shared SoftHSM fixture (this process's
+/// SOFTHSM2_CONF, which signctl inherits) and a configuration naming it.
+func tokenConfig(_ prefix: String) throws -> (token: SoftHSMFixture.Token, configPath: String) {
+    let token = try SoftHSMFixture.shared.makeToken(prefix)
+    let path = TemporaryDirectory.make(prefix: "signerd-ops") + "/signerd.json"
+    try #"{"token_uri": "\#(token.uri)"}"#.write(toFile: path, atomically: false, encoding: .utf8)
+    return (token, path)
+}
+
+@Suite("signctl keys import: the key ID in Apple's file name")
+struct SignctlKeyIDTests {
+    /// `--key-id ABC123DEFG AuthKey_ZZZ999YYYX.p8` imported under the wrong ID.
+    @Test("a --key-id unlike the file name's is refused (64) unless --force-key-id; without --key-id the name's is used")
+    func keyIDFromName() throws {
+        let (_, config) = try tokenConfig("keyid")
+        let files = try TestKeyFiles.make()
+        let named = files.directory + "/AuthKey_ZZZ999YYYX.p8"
+        try FileManager.default.copyItem(atPath: files.pkcs8Apple, toPath: named)
+        let refused = runSignctl(["--config", config, "keys", "import", "--key-id", "ABC123DEFG", named])
+        #expect(refused.status == 64, "\(refused.stderr)")
+        #expect(refused.stderr.contains("--key-id ABC123DEFG differs from the key ID ZZZ999YYYX in the file name"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("--force-key-id"))
+        let forced = runSignctl(["--config", config, "keys", "import", "--key-id", "ABC123DEFG", "--force-key-id", named])
+        #expect(forced.status == 0, "\(forced.stderr)")
+        #expect(forced.stdout.hasPrefix("imported ABC123DEFG"))
+        let fromName = runSignctl(["--config", config, "keys", "import", named])
+        #expect(fromName.status == 0, "\(fromName.stderr)")
+        #expect(fromName.stdout.hasPrefix("imported ZZZ999YYYX"))
+        let same = runSignctl(["--config", config, "keys", "import", "--key-id", "ZZZ999YYYX", "--replace", named])
+        #expect(same.status == 0, "\(same.stderr)")
+    }
+}
