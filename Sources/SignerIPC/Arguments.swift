@@ -96,6 +96,30 @@ public struct Arguments: Sendable, Equatable {
         }
     }
 
+    /// Refuses a command line with a word that is not valid UTF-8, which
+    /// `CommandLine.arguments` would pass on with U+FFFD in place of the
+    /// bad bytes (and signctl would sign).
+    /// - Parameter words: the raw bytes of each argument, without the
+    ///   program name (`CommandLine.unsafeArgv` from index 1).
+    /// - Throws: ``UsageError`` naming the option (`the value of
+    ///   --product-id` for `--product-id=…`, `the argument after
+    ///   --product-id`), else the argument's position (1-based).
+    public static func checkUTF8(_ words: [[UInt8]]) throws(UsageError) {
+        for (index, word) in words.enumerated() where String(validating: word, as: UTF8.self) == nil {
+            let name: String
+            if word.starts(with: Array("--".utf8)), let equals = word.firstIndex(of: UInt8(ascii: "=")),
+               let option = String(validating: word[..<equals], as: UTF8.self) {
+                name = "the value of \(option)"
+            } else if index > 0, words[index - 1].starts(with: Array("--".utf8)), !words[index - 1].contains(UInt8(ascii: "=")),
+                      let option = String(validating: words[index - 1], as: UTF8.self) {
+                name = "the argument after \(option)"
+            } else {
+                name = "argument \(index + 1)"
+            }
+            throw UsageError("\(name) is not valid UTF-8", hint: "pass text as UTF-8 (check the terminal's or the script's encoding)")
+        }
+    }
+
     /// Whether `--name` was given.
     public func flag(_ name: String) -> Bool { flags.contains(name) }
 

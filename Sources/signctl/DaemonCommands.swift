@@ -294,7 +294,7 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         --direct is the baseline: the same SHA-256 + C_SignInit/C_Sign loop through the PKCS#11 module in
         this process (token_uri from the config), N threads with one session each, no socket.
 
-        Endpoints: \(LoadGenerator.Endpoint.allCases.map(\.rawValue).joined(separator: ", ")). Defaults: --concurrency 8 --duration 10.
+        Endpoints: \(LoadGenerator.Endpoint.allCases.map(\.rawValue).joined(separator: ", ")). Defaults: --concurrency 8 --duration 10 (seconds, at most 86400).
         """)
         return .success
     }
@@ -305,10 +305,20 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         guard arguments.options["duration"] == nil else { throw UsageError("give --duration or --requests, not both") }
         length = .requests(try arguments.integer("requests", default: 1000, in: 1...100_000_000))
     } else {
-        guard let seconds = Double(arguments.options["duration"] ?? "10"), seconds > 0, seconds <= 86_400 else {
-            throw UsageError("--duration must be seconds, more than 0")
+        let text = arguments.options["duration"] ?? "10"
+        guard let seconds = Double(text), seconds > 0, seconds <= 86_400 else {
+            throw UsageError("--duration must be seconds, more than 0 and at most 86400 (one day); got \(text)")
         }
         length = .seconds(seconds)
+    }
+    if arguments.flag("direct") {
+        for option in ["endpoint", "bundle-id"] where arguments.options[option] != nil {
+            throw UsageError("--\(option) does not apply to --direct, which signs digests through the PKCS#11 module without signerd",
+                             hint: "leave out --\(option), or --direct to load signerd")
+        }
+    }
+    if let keyID = arguments.options["key-id"], !KeyID.isValid(keyID) {
+        throw UsageError("--key-id must be 10 characters A-Z0-9, as App Store Connect shows it; got \(keyID)")
     }
     let config = try loadConfiguration(configPath)
     let report: BenchmarkReport

@@ -95,13 +95,21 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     defer { token.close() }
     let result = try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"))
     if arguments.flag("json") {
-        printJSON(["key_id": result.keyID, "fingerprint": result.publicKey.fingerprint, "replaced": String(result.replaced), "token_label": token.label])
+        printJSON(KeyImportEntry(key_id: result.keyID, fingerprint: result.publicKey.fingerprint, replaced: result.replaced, token_label: token.label))
     } else {
         print("imported \(result.keyID) into token \(token.label)\(result.replaced ? " (replaced the old key)" : ""): non-extractable, self-test signature verified")
         print("public key SHA-256 fingerprint: \(result.publicKey.fingerprint)")
         print("the .p8 file is no longer needed on this host; keep the original offline")
     }
     return .success
+}
+
+/// What `keys import --json` prints; `replaced` is a JSON boolean.
+struct KeyImportEntry: Encodable {
+    let key_id: String
+    let fingerprint: String
+    let replaced: Bool
+    let token_label: String
 }
 
 struct KeyListEntry: Encodable {
@@ -177,6 +185,6 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     let token = try openToken(configPath: configPath)
     defer { token.close() }
     let removed = try token.deleteKey(keyID: keyID)
-    print("deleted \(keyID) from token \(token.label) (\(removed) objects)")
+    print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")
     return .success
 }

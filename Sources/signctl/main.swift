@@ -140,6 +140,9 @@ func runCommand(_ words: [String]) throws -> ExitCode {
 
 let code: ExitCode
 do {
+    try Arguments.checkUTF8((1..<Int(CommandLine.argc)).map { index in
+        CommandLine.unsafeArgv[index].map { Array(UnsafeBufferPointer(start: UnsafeRawPointer($0).assumingMemoryBound(to: UInt8.self), count: strlen($0))) } ?? []
+    })
     code = try runCommand(Array(CommandLine.arguments.dropFirst()))
 } catch let error as UsageError {
     writeError(error.message, hint: error.hint)

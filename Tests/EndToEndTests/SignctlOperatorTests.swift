@@ -128,3 +128,50 @@ struct SignctlKeyIDTests {
         #expect(same.status == 0, "\(same.stderr)")
     }
 }
+
+@Suite("signctl: small things an operator meets")
+struct SignctlCosmeticsTests {
+    @Test("bench states its --duration bound, checks --key-id with --direct, refuses --endpoint with --direct", arguments: [
+        (["bench", "--duration", "1e9"], "--duration must be seconds, more than 0 and at most 86400 (one day); got 1e9"),
+        (["bench", "--duration", "100000"], "at most 86400"),
+        (["bench", "--direct", "--key-id", "bad"], "--key-id must be 10 characters A-Z0-9"),
+        (["bench", "--direct", "--endpoint", "promotional-offer"], "--endpoint does not apply to --direct"),
+    ])
+    func benchUsage(_ arguments: [String], _ expected: String) throws {
+        // No configuration exists: each must be refused before it is read.
+        let result = runSignctl(["--config", "/nonexistent/signerd.json"] + arguments)
+        #expect(result.status == 64, "\(result.stderr)")
+        #expect(result.stderr.contains(expected), "\(result.stderr)")
+    }
+
+    @Test("keys import --json says replaced as a boolean; keys delete counts objects in words")
+    func importJSONAndDelete() throws {
+        let (_, config) = try tokenConfig("cosmetic")
+        let files = try TestKeyFiles.make()
+        for (replace, expected) in [(false, false), (true, true)] {
+            let result = runSignctl(["--config", config, "keys", "import", "--key-id", "COSMETIC01", "--json"] + (replace ? ["--replace"] : []) + [files.pkcs8OpenSSL])
+            #expect(result.status == 0, "\(result.stderr)")
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(result.stdout.utf8)) as? [String: Any])
+            #expect(object["replaced"] as? Bool == expected, "\(result.stdout)")
+            #expect(!result.stdout.contains("\"true\"") && !result.stdout.contains("\"false\""))
+        }
+        let deleted = runSignctl(["--config", config, "keys", "delete", "COSMETIC01", "--yes"])
+        #expect(deleted.stdout.contains("(2 objects)"), "\(deleted.stdout)")
+    }
+
+    @Test("a signctl argument that is not valid UTF-8 is refused (64), naming the option")
+    func notUTF8() throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/bin/bash")
+        // bash's printf makes the raw byte 0xFF, which Process's [String] cannot carry.
+        process.arguments = ["-c", #"exec "$0" --config /nonexistent/signerd.json sign promotional-offer --bundle-id a --product-id "$(printf 'p\377')" --offer-id o"#, Binaries.signctl]
+        let errors = Pipe()
+        process.standardError = errors
+        process.standardOutput = FileHandle.nullDevice
+        try process.run()
+        let stderr = String(decoding: errors.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 64, "\(stderr)")
+        #expect(stderr.contains("error: the argument after --product-id is not valid UTF-8"), "\(stderr)")
+    }
+}
