@@ -117,3 +117,26 @@ public enum TokenAdministration {
         try PKCS11URI.readPINFile(path)
     }
 }
+
+extension HSMToken {
+    /// The key IDs of public key objects (`CKO_PUBLIC_KEY`) that have no
+    /// private key object with the same `CKA_ID`: left behind by an import
+    /// or a tool that stopped half-way. They block `keys import` of that ID
+    /// (`key_exists`) yet sign nothing, and ``listKeys()`` (private keys
+    /// only) does not show them.
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and `C_GetAttributeValue`.
+    /// - Returns: the printable key IDs (`0x…` hex when not printable), sorted.
+    /// - Throws: ``HSMError`` from the search.
+    public func publicKeyOnlyIDs() throws(HSMError) -> [String] {
+        try withSession { (session) throws(HSMError) -> [String] in
+            var ids: Set<String> = []
+            for handle in try find(session, [Attribute(P11.classAttribute, ulong: P11.publicKeyClass)]) {
+                guard let id = try readAttribute(session, handle, P11.id, keyID: nil), !id.isEmpty else { continue }
+                let privateKeys = try find(session, [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.id, id)])
+                if privateKeys.isEmpty { ids.insert(HSMToken.printable(id)) }
+            }
+            return ids.sorted()
+        }
+    }
+}

@@ -93,6 +93,11 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     let material = try ECPrivateKeyMaterial(contentsOf: path)
     let token = try openToken(configPath: configPath)
     defer { token.close() }
+    // key_exists would say "pass --replace" about a key that signs nothing.
+    if !arguments.flag("replace"), try token.publicKeyOnlyIDs().contains(keyID) {
+        throw CommandFailure(.dataError, "key_exists: only a public key object with key ID \(keyID) is on token \(token.label), with no private key (left by an import or a tool that stopped half-way)",
+                             hint: "remove it with: signctl keys delete \(keyID) --yes (or pass --replace)")
+    }
     let result = try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"))
     if arguments.flag("json") {
         printJSON(KeyImportEntry(key_id: result.keyID, fingerprint: result.publicKey.fingerprint, replaced: result.replaced, token_label: token.label))
@@ -116,6 +121,8 @@ struct KeyListEntry: Encodable {
     let key_id: String
     let label: String
     let curve: String?
+    /// False for a public key object without a private key (it signs nothing).
+    let private_key_object: Bool
     let public_key_object: Bool
     let extractable: Bool?
     let sensitive: Bool?
@@ -125,21 +132,25 @@ struct KeyListEntry: Encodable {
 func keysList(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: [], flags: ["json"])
     if arguments.flag("help") {
-        print("usage: signctl keys list [--json]")
+        print("usage: signctl keys list [--json]\n\nPrivate keys with their public key objects, then public key objects whose private key is missing\n(\"public key only\"; private_key_object false in --json), which block an import of their key ID.")
         return .success
     }
     _ = try arguments.positionals(0, "")
     let token = try openToken(configPath: configPath)
     defer { token.close() }
     let keys = try token.listKeys()
+    let publicOnly = try token.publicKeyOnlyIDs()
     if arguments.flag("json") {
         printJSON(keys.map {
-            KeyListEntry(key_id: $0.keyID, label: $0.label, curve: $0.curve?.rawValue, public_key_object: $0.hasPublicKey,
+            KeyListEntry(key_id: $0.keyID, label: $0.label, curve: $0.curve?.rawValue, private_key_object: true, public_key_object: $0.hasPublicKey,
                          extractable: $0.extractable, sensitive: $0.sensitive, fingerprint: $0.fingerprint)
+        } + publicOnly.map {
+            KeyListEntry(key_id: $0, label: "", curve: nil, private_key_object: false, public_key_object: true,
+                         extractable: nil, sensitive: nil, fingerprint: nil)
         })
         return .success
     }
-    if keys.isEmpty {
+    if keys.isEmpty && publicOnly.isEmpty {
         print("no keys on token \(token.label)")
         return .success
     }
@@ -155,6 +166,9 @@ func keysList(_ words: [String], configPath: String) throws -> ExitCode {
             key.fingerprint ?? "-",
         ]
         print(columns.joined(separator: "  "))
+    }
+    for keyID in publicOnly {
+        print("\(keyID.padding(toLength: 10, withPad: " ", startingAt: 0))  public key only, no private key: signs nothing; remove it with signctl keys delete \(keyID) --yes")
     }
     return .success
 }

@@ -175,3 +175,34 @@ struct SignctlCosmeticsTests {
         #expect(stderr.contains("error: the argument after --product-id is not valid UTF-8"), "\(stderr)")
     }
 }
+
+@Suite("signctl keys: a public key object without its private key")
+struct SignctlPublicKeyOnlyTests {
+    /// Such an object blocked `keys import` ("pass --replace") yet was not in `keys list`.
+    @Test("keys list shows it, import names it and how to remove it, delete removes it (1 object)",
+          .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/pkcs11-tool"), "needs OpenSC's pkcs11-tool to delete only the private key"))
+    func publicKeyOnly() throws {
+        let (token, config) = try tokenConfig("orphan")
+        let files = try TestKeyFiles.make()
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "ORPHAN0001", files.sec1]).status == 0)
+        // Throw-away test PIN: pkcs11-tool takes it on the command line.
+        let pin = try String(contentsOfFile: token.pinPath, encoding: .utf8)
+        try run(["pkcs11-tool", "--module", token.modulePath, "--token-label", token.label, "--login", "--pin", pin,
+                 "--delete-object", "--type", "privkey", "--id", Array("ORPHAN0001".utf8).hexString])
+        let list = runSignctl(["--config", config, "keys", "list"])
+        #expect(list.status == 0, "\(list.stderr)")
+        #expect(list.stdout.contains("ORPHAN0001  public key only, no private key"), "\(list.stdout)")
+        let json = runSignctl(["--config", config, "keys", "list", "--json"])
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [[String: Any]])
+        #expect(entries.count == 1)
+        #expect(entries.first?["key_id"] as? String == "ORPHAN0001")
+        #expect(entries.first?["private_key_object"] as? Bool == false)
+        let refused = runSignctl(["--config", config, "keys", "import", "--key-id", "ORPHAN0001", files.sec1])
+        #expect(refused.status == 65)
+        #expect(refused.stderr.contains("only a public key object with key ID ORPHAN0001"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("signctl keys delete ORPHAN0001 --yes"), "\(refused.stderr)")
+        let deleted = runSignctl(["--config", config, "keys", "delete", "ORPHAN0001", "--yes"])
+        #expect(deleted.stdout.contains("(1 object)"), "\(deleted.stdout)")
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "ORPHAN0001", files.sec1]).status == 0)
+    }
+}
