@@ -364,6 +364,8 @@ struct TokenInfo: Sendable {
     var serial: String
     /// `ulMaxSessionCount`; nil when unlimited or unavailable.
     var maxSessions: Int?
+    /// `ulMinPinLen` and `ulMaxPinLen`: the PIN lengths the token takes, in bytes.
+    var pinLengths: ClosedRange<Int>
     var flags: UInt
     /// The raw structure, for p11-kit URI matching.
     fileprivate var raw: CK_TOKEN_INFO
@@ -376,6 +378,8 @@ struct TokenInfo: Sendable {
         serial = TokenInfo.text(info.serialNumber)
         let max = UInt(info.ulMaxSessionCount)
         maxSessions = (max == 0 || max == UInt.max) ? nil : Int(max)
+        let shortest = Int(clamping: UInt(info.ulMinPinLen))
+        pinLengths = shortest...Swift.max(shortest, Int(clamping: UInt(info.ulMaxPinLen)))
         flags = UInt(info.flags)
     }
 

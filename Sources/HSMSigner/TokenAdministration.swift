@@ -1,7 +1,3 @@
-// Token set-up for development tokens. Imports CPKCS11 only to read the PIN
-// length limits of CK_TOKEN_INFO, which TokenInfo does not carry.
-internal import CPKCS11
-
 /// Token set-up for development tokens (SoftHSM): what `softhsm2-util
 /// --init-token` does, but with PINs read from files instead of argv or a
 /// terminal.
@@ -56,14 +52,14 @@ public enum TokenAdministration {
             guard existing.1.flags & P11.userPINInitialized == 0 else {
                 return .alreadyInitialized(serial: existing.1.serial)
             }
-            try checkPINLengths(module, slot: existing.0, label: label, soPIN: soPIN, userPIN: userPIN)
+            try checkPINLengths(functions, slot: existing.0, label: label, soPIN: soPIN, userPIN: userPIN)
             try setUserPIN(functions, slot: existing.0, label: label, soPIN: soPIN, userPIN: userPIN)
             return .userPINSet(serial: existing.1.serial)
         }
         guard let free = present.first(where: { $0.1.flags & P11.tokenInitialized == 0 }) else {
             throw HSMError(.tokenNotFound, "no free (uninitialized) token in \(modulePath)")
         }
-        try checkPINLengths(module, slot: free.0, label: label, soPIN: soPIN, userPIN: userPIN)
+        try checkPINLengths(functions, slot: free.0, label: label, soPIN: soPIN, userPIN: userPIN)
         let rv = functions.initToken(slot: free.0, soPIN: soPIN, label: label)
         guard rv == .ok else { throw HSMError(pkcs11: .initToken, rv, message: "cannot initialize token \(label)") }
         // SoftHSM moves an initialized token to a new slot ID: find it again by label.
@@ -95,12 +91,11 @@ public enum TokenAdministration {
     ///
     /// The corresponding PKCS#11 function is `C_GetTokenInfo`.
     /// - Throws: ``HSMError/Code/pinRejected`` with `CKR_PIN_LEN_RANGE`.
-    private static func checkPINLengths(_ module: PKCS11Module, slot: UInt, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) {
-        var info = CK_TOKEN_INFO()
-        guard PKCS11ReturnValue(rawValue: module.list.pointee.C_GetTokenInfo(CK_SLOT_ID(slot), &info)) == .ok else { return }
-        let minimum = Int(info.ulMinPinLen)
-        let maximum = Int(clamping: UInt(info.ulMaxPinLen))
-        for (name, pin) in [("user PIN (--pin-file)", userPIN), ("SO PIN (--so-pin-file)", soPIN)] where pin.count < minimum || pin.count > maximum {
+    private static func checkPINLengths(_ functions: PKCS11Functions, slot: UInt, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) {
+        let (rv, info) = functions.tokenInfo(slot: slot)
+        guard rv == .ok, let lengths = info?.pinLengths else { return }
+        let minimum = lengths.lowerBound, maximum = lengths.upperBound
+        for (name, pin) in [("user PIN (--pin-file)", userPIN), ("SO PIN (--so-pin-file)", soPIN)] where !lengths.contains(pin.count) {
             var error = HSMError(.pinRejected, "the \(name) is \(pin.count < minimum ? "shorter" : "longer") than token \(label) takes: \(minimum) to \(maximum) bytes (ulMinPinLen, ulMaxPinLen); nothing was changed")
             error.function = PKCS11Function.getTokenInfo.rawValue
             error.returnValue = .pinLenRange

@@ -1,5 +1,5 @@
 import Foundation
-import HSMSigner
+@testable import HSMSigner
 import SignerIPC
 import TestSupport
 import Testing
@@ -75,10 +75,12 @@ struct SignctlTokenInitTests {
     }
 
     @Test("a token without a user PIN: keys list exits 78 with a hint, and token init sets the user PIN",
-          .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/pkcs11-tool"), "needs OpenSC's pkcs11-tool to make such a token"))
+          .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/pkcs11-tool"),
+                   "skipped: needs OpenSC's pkcs11-tool (not installed by scripts/install-deps.sh) to make a token with no user PIN; SoftHSM's own tool always sets one"))
     func halfInitialized() throws {
         let hsm = try FreeSoftHSM()
-        // C_InitToken alone, as the old signctl left it after C_InitPIN failed.
+        // C_InitToken alone, as the old signctl left it after C_InitPIN failed. The SO PIN
+        // is this throw-away token's, on pkcs11-tool's command line, which has no other way.
         try run(["pkcs11-tool", "--module", hsm.modulePath, "--init-token", "--label", "half", "--so-pin", "12345678"], environment: ProcessInfo.processInfo.environment.merging(hsm.environment) { _, new in new })
         let soPIN = try hsm.pinFile("so-pin", "12345678")
         let pin = try hsm.pinFile("pin", "87654321")
@@ -179,16 +181,21 @@ struct SignctlCosmeticsTests {
 @Suite("signctl keys: a public key object without its private key")
 struct SignctlPublicKeyOnlyTests {
     /// Such an object blocked `keys import` ("pass --replace") yet was not in `keys list`.
-    @Test("keys list shows it, import names it and how to remove it, delete removes it (1 object)",
-          .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/pkcs11-tool"), "needs OpenSC's pkcs11-tool to delete only the private key"))
+    @Test("keys list shows it, import names it and how to remove it, delete removes it (1 object)")
     func publicKeyOnly() throws {
         let (token, config) = try tokenConfig("orphan")
         let files = try TestKeyFiles.make()
         #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "ORPHAN0001", files.sec1]).status == 0)
-        // Throw-away test PIN: pkcs11-tool takes it on the command line.
-        let pin = try String(contentsOfFile: token.pinPath, encoding: .utf8)
-        try run(["pkcs11-tool", "--module", token.modulePath, "--token-label", token.label, "--login", "--pin", pin,
-                 "--delete-object", "--type", "privkey", "--id", Array("ORPHAN0001".utf8).hexString])
+        // Destroy only the private key object, in this process (the same SoftHSM token directory signctl uses).
+        var options = TokenOptions()
+        options.logger = .disabled
+        let hsm = try HSMToken(uri: PKCS11URI(token.uri), options: options)
+        defer { hsm.close() }
+        let destroyed = try hsm.withReadWriteSession { (session) throws(HSMError) -> Int in
+            let handles = try hsm.find(session, [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.id, Array("ORPHAN0001".utf8))])
+            return handles.filter { hsm.functions.destroyObject(session, object: $0) == .ok }.count
+        }
+        try #require(destroyed == 1)
         let list = runSignctl(["--config", config, "keys", "list"])
         #expect(list.status == 0, "\(list.stderr)")
         #expect(list.stdout.contains("ORPHAN0001  public key only, no private key"), "\(list.stdout)")
