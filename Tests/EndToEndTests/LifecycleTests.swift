@@ -316,7 +316,7 @@ struct LifecycleTests {
         #expect(try client.send("GET", "/readyz").status == 200)  // the key's objects are cached now
         #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM))
         let replacement = try TestKeyFiles.make()
-        _ = try daemon.signctl(["keys", "import", "--replace", "--key-id", "ABC123DEFG", replacement.pkcs8Apple])
+        _ = try daemon.signctl(["keys", "import", "--replace", "--key-id", "ABC123DEFG", replacement.sec1])
         let ready = try client.send("GET", "/readyz")
         #expect(ready.status == 200, "\(String(decoding: ready.body, as: UTF8.self))")
         #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: replacement.publicKeyPEM))
