@@ -169,6 +169,8 @@ final class RequestState: @unchecked Sendable {
     // Touched only by the MHD thread that owns the connection.
     let connection: ConnectionState?
     var path: String
+    /// Bytes of the request target as sent, query string included.
+    var targetBytes = 0
     var headProcessed = false
     var body: [UInt8] = []
     var tooLarge = false
@@ -461,7 +463,9 @@ public final class HTTPServer: @unchecked Sendable {
         let path = uri.map { uri in
             String(decoding: UnsafeRawBufferPointer(start: uri, count: strcspn(uri, "?")), as: UTF8.self)
         } ?? "/"
-        return Unmanaged.passRetained(RequestState(connection: connectionState, path: path)).toOpaque()
+        let state = RequestState(connection: connectionState, path: path)
+        state.targetBytes = uri.map { strlen($0) } ?? 1
+        return Unmanaged.passRetained(state).toOpaque()
     }
 
     private static let requestCompleted: MHD_RequestCompletedCallback = { context, _, requestContext, _ in
@@ -474,14 +478,6 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
-    /// Why the request's body framing is ambiguous or missing, or nil
-    /// (RFC 9112 §6): `Content-Length` values that differ make the message
-    /// length unknowable; `Content-Length` beside `Transfer-Encoding` is how
-    /// request smuggling starts; a transfer coding other than `chunked`
-    /// alone has no length signerd can read; and a POST with neither header
-    /// (libmicrohttpd drops a folded `Content-Length` line) would have its
-    /// body read as the next request. libmicrohttpd takes the first
-    /// `Content-Length` and would read what follows as another request.
     /// What the access handler reads from a request's headers, in one pass
     /// over libmicrohttpd's parsed header list.
     struct HeaderScan {
@@ -514,13 +510,21 @@ public final class HTTPServer: @unchecked Sendable {
     /// request line and headers, answered in JSON. libmicrohttpd's pool is
     /// sized larger (``start()``), so only heads far over the limit reach its
     /// own 431 page.
-    private func headerLimitError(_ scan: HeaderScan, method: String, url: String) -> APIError? {
-        // "METHOD url HTTP/1.1" CRLF, the header lines, the blank line.
-        let size = method.utf8.count + 1 + url.utf8.count + 11 + scan.bytes + 2
+    private func headerLimitError(_ scan: HeaderScan, method: String, targetBytes: Int) -> APIError? {
+        // "METHOD target HTTP/1.1" CRLF, the header lines, the blank line.
+        let size = method.utf8.count + 1 + targetBytes + 11 + scan.bytes + 2
         guard size > options.maxHeaderBytes else { return nil }
         return APIError(.headersTooLarge, "the request line and headers are \(size) bytes; the limit is \(options.maxHeaderBytes) bytes (max_header_bytes)")
     }
 
+    /// Why the request's body framing is ambiguous or missing, or nil
+    /// (RFC 9112 §6): `Content-Length` values that differ make the message
+    /// length unknowable; `Content-Length` beside `Transfer-Encoding` is how
+    /// request smuggling starts; a transfer coding other than `chunked`
+    /// alone has no length signerd can read; and a POST with neither header
+    /// (libmicrohttpd drops a folded `Content-Length` line) would have its
+    /// body read as the next request. libmicrohttpd takes the first
+    /// `Content-Length` and would read what follows as another request.
     private static func framingProblem(_ headers: HeaderScan, method: String) -> String? {
         if !headers.codings.isEmpty && !headers.lengths.isEmpty {
             return "the request has both Content-Length and Transfer-Encoding"
@@ -548,7 +552,7 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
-    private static let accessHandler: MHD_AccessHandlerCallback = { context, connection, url, method, _, uploadData, uploadSize, requestContext in
+    private static let accessHandler: MHD_AccessHandlerCallback = { context, connection, _, method, _, uploadData, uploadSize, requestContext in
         guard let connection, let requestContext else { return .NO }
         let server = HTTPServer.server(context)
         let state: RequestState
@@ -565,7 +569,7 @@ public final class HTTPServer: @unchecked Sendable {
         if !state.headProcessed {
             state.headProcessed = true
             let headers = HeaderScan(connection)
-            if let error = server.headerLimitError(headers, method: methodName, url: url.map { String(cString: $0) } ?? state.path) {
+            if let error = server.headerLimitError(headers, method: methodName, targetBytes: state.targetBytes) {
                 state.answered = true
                 var response = HTTPResponse(error: error)
                 response.headers.append(("Connection", "close"))

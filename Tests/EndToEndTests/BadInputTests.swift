@@ -266,6 +266,13 @@ struct BadInputTests {
             #expect(text.contains("\"headers_too_large\"") && text.contains("max_header_bytes"), "\(text.prefix(400))")
         }
         #expect(try exchange(headerValueBytes: 7 * 1024).hasPrefix("HTTP/1.1 200"))
+        // A query string counts too: it is part of the request line.
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+        defer { connection.close() }
+        try connection.write(Array("GET /healthz?q=\(String(repeating: "a", count: 9000)) HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".utf8))
+        var received: [UInt8] = []
+        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+        #expect(String(decoding: received, as: UTF8.self).hasPrefix("HTTP/1.1 431"), "\(String(decoding: received.prefix(200), as: UTF8.self))")
         try expectServing(daemon)
     }
 
