@@ -113,9 +113,13 @@ public enum JSONValue: Sendable, Equatable, Codable {
     /// - Parameters:
     ///   - value: a value from `JSONSerialization.jsonObject(with:)`.
     ///   - path: where `value` sits, for errors (`request.price`; empty at the top).
+    ///   - exact: false for a request none of whose numbers is ever signed
+    ///     (`/v1/offers`): such a number is then kept as the nearest
+    ///     ``number(_:)`` instead of refused, so that it fails only the field
+    ///     that holds it.
     /// - Throws: ``APIError`` `invalid_field` naming the member that holds such
     ///   a number; `invalid_json` for a type JSON does not have.
-    public init(foundation value: Any, path: String) throws(APIError) {
+    public init(foundation value: Any, path: String, exact: Bool = true) throws(APIError) {
         // Containers first: testing a Swift dictionary `as NSNumber` or
         // `as String` bridges the whole dictionary to NSDictionary (measured:
         // a third of the request's parsing cost).
@@ -124,14 +128,14 @@ public enum JSONValue: Sendable, Equatable, Codable {
             var members: [String: JSONValue] = [:]
             members.reserveCapacity(object.count)
             for (key, member) in object {
-                members[key] = try JSONValue(foundation: member, path: path.isEmpty ? key : "\(path).\(key)")
+                members[key] = try JSONValue(foundation: member, path: path.isEmpty ? key : "\(path).\(key)", exact: exact)
             }
             self = .object(members)
         case let array as [Any]:
             var values: [JSONValue] = []
             values.reserveCapacity(array.count)
             for (index, element) in array.enumerated() {
-                values.append(try JSONValue(foundation: element, path: "\(path)[\(index)]"))
+                values.append(try JSONValue(foundation: element, path: "\(path)[\(index)]", exact: exact))
             }
             self = .array(values)
         case let text as String:
@@ -141,6 +145,10 @@ public enum JSONValue: Sendable, Equatable, Codable {
             // big integers and long fractions. The one integer literal among
             // them that fits is −2⁶³; anything else could be signed changed.
             guard decimal.compare(NSDecimalNumber(value: Int64.min)) == .orderedSame else {
+                guard exact else {
+                    self = .number(decimal.doubleValue)
+                    return
+                }
                 throw JSONValue.inexact(decimal.stringValue, path: path)
             }
             self = .integer(Int64.min)
@@ -150,6 +158,10 @@ public enum JSONValue: Sendable, Equatable, Codable {
             case "d", "f": self = .number(number.doubleValue)
             case "Q", "L", "I", "S":
                 guard number.uint64Value <= UInt64(Int64.max) else {
+                    guard exact else {
+                        self = .number(Double(number.uint64Value))
+                        return
+                    }
                     throw JSONValue.inexact(number.stringValue, path: path)
                 }
                 self = .integer(Int64(number.uint64Value))
@@ -263,11 +275,13 @@ public struct FieldReader {
     /// - Parameters:
     ///   - body: UTF-8 JSON bytes.
     ///   - allowed: the field names the request may carry.
+    ///   - exactNumbers: as `exact` of ``JSONValue/init(foundation:path:exact:)``;
+    ///     false only for a request none of whose numbers is signed.
     /// - Throws: ``APIError`` `invalid_json` (not UTF-8, not JSON, not an
     ///   object, a repeated member name), `invalid_field` for a number that
     ///   would change (``JSONValue/init(foundation:path:)``), or
     ///   `unknown_field` naming the first unknown member.
-    public init(json body: [UInt8], allowed: Set<String>) throws(APIError) {
+    public init(json body: [UInt8], allowed: Set<String>, exactNumbers: Bool = true) throws(APIError) {
         let parsed: Any
         do throws(JSONTextProblem) {
             parsed = try Self.parseJSONText(body)
@@ -283,7 +297,7 @@ public struct FieldReader {
         if let object = parsed as? [String: Any] {
             try Self.refuseUnknown(Array(object.keys), path: "", allowed: allowed)
         }
-        let value = try JSONValue(foundation: parsed, path: "")
+        let value = try JSONValue(foundation: parsed, path: "", exact: exactNumbers)
         guard case .object(let members) = value else {
             throw APIError(.invalidJSON, "the request body is \(value.kind); send one JSON object")
         }

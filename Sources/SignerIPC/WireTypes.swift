@@ -148,7 +148,9 @@ public struct OffersRequest: Codable, Sendable, Equatable {
     ///   itself: its top-level members, `generate_offers` not an array of
     ///   1–50 entries, or an entry that is not a JSON object.
     public init(body: [UInt8]) throws(APIError) {
-        var reader = try FieldReader(json: body, allowed: Self.fields)
+        // No number in this request is ever signed: one beyond Int64 fails
+        // only the field or entry that holds it, not the batch.
+        var reader = try FieldReader(json: body, allowed: Self.fields, exactNumbers: false)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         appUserID = try reader.optionalString("app_user_id") ?? ""
         let entries = try reader.array("generate_offers")

@@ -132,6 +132,25 @@ struct BadInputTests {
         try expectServing(daemon)
     }
 
+    @Test("batch: an integer beyond Int64 fails only the entry or field that holds it")
+    func batchBigIntegers() throws {
+        let big = "99999999999999999999"
+        let text = #"{"bundle_id":"com.example.other","generate_offers":[{"offer_id":"good","product_id":"p"},"#
+            + #"{"offer_id":"grouped","product_id":"p","subscription_group":{"x":[\#(big)]}},"#
+            + #"{"offer_id":\#(big),"product_id":"p"},{"offer_id":"o","product_id":"p","zz":\#(big)}]}"#
+        let response = try daemon.client().send("POST", "/v1/offers", body: Array(text.utf8))
+        #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
+        let offers = try response.decode(OffersResponse.self).offers
+        try #require(offers.count == 4)
+        #expect(offers[0].signatureData != nil && offers[1].signatureData != nil, "subscription_group is ignored, whatever it holds")
+        #expect(offers[2].signatureError?.code == OffersResponse.invalidOfferCode && offers[2].signatureError?.message.contains("generate_offers[2].offer_id") == true)
+        #expect(offers[3].signatureError?.code == OffersResponse.invalidOfferCode && offers[3].signatureError?.message.contains("generate_offers[3].zz") == true)
+        // Where a number is signed, the same integer is still refused with its path.
+        let commerce = try daemon.client().send("POST", "/v1/sign/advanced-commerce-request",
+                                                body: Array(#"{"bundle_id":"com.example.other","request":{"price":\#(big)}}"#.utf8))
+        #expect(commerce.status == 400 && commerce.error?.field == "request.price", "\(String(decoding: commerce.body, as: UTF8.self))")
+    }
+
     @Test("each field rule gives its status, code and field, and the daemon keeps serving", arguments: fieldCases)
     func fieldRule(_ fieldCase: FieldCase) throws {
         let response = try daemon.client().send("POST", fieldCase.path, body: body(fieldCase.fields))
