@@ -417,7 +417,7 @@ public final class HTTPServer: @unchecked Sendable {
 
     private func answerAndClose(_ connection: ConnectionState, with response: HTTPResponse) {
         guard connection.descriptor >= 0 else { return }
-        let reason = [429: "Too Many Requests", 503: "Service Unavailable"][response.status] ?? "Error"
+        let reason = [429: "Too Many Requests", 431: "Request Header Fields Too Large", 503: "Service Unavailable"][response.status] ?? "Error"
         var head = "HTTP/1.1 \(response.status) \(reason)\r\n"
         head += "Content-Type: \(response.contentType)\r\n"
         for (name, value) in response.headers { head += "\(name): \(value)\r\n" }
@@ -546,6 +546,10 @@ public final class HTTPServer: @unchecked Sendable {
 
     private static let libraryLog: CSignerShim_log_callback = { context, message in
         let server = HTTPServer.server(context)
+        // Said whenever the access handler returns MHD_NO, which signerd does
+        // only after it wrote its own answer on the socket (a 431, or the
+        // watchdog's 503) and wants the connection closed: not an error.
+        if let message, strncmp(message, "Application reported internal error", 35) == 0 { return }
         server.libraryWarnings.admit { suppressed in
             server.logger.warning("http_library", ["detail": .string(message.map { String(cString: $0) } ?? ""),
                                                    "suppressed_before": .int(Int64(suppressed))])
@@ -571,9 +575,18 @@ public final class HTTPServer: @unchecked Sendable {
             let headers = HeaderScan(connection)
             if let error = server.headerLimitError(headers, method: methodName, targetBytes: state.targetBytes) {
                 state.answered = true
-                var response = HTTPResponse(error: error)
-                response.headers.append(("Connection", "close"))
-                return server.queue(response, path: state.path, on: connection)
+                // Written on the socket, not queued: a head this large can leave
+                // too little of libmicrohttpd's pool for the response head, and
+                // libmicrohttpd would then close without any answer.
+                guard let owner = state.connection, owner.descriptor >= 0 else {
+                    var response = HTTPResponse(error: error)
+                    response.headers.append(("Connection", "close"))
+                    return server.queue(response, path: state.path, on: connection)
+                }
+                let response = HTTPResponse(error: error)
+                server.answerAndClose(owner, with: response)
+                server.handler.sent(status: response.status, path: state.path)
+                return .NO
             }
             let contentType = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Type").map { String(cString: $0) }
             let lengthHeader = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length").map { String(cString: $0) }

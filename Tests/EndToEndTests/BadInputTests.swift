@@ -285,6 +285,19 @@ struct BadInputTests {
             #expect(text.contains("\"headers_too_large\"") && text.contains("max_header_bytes"), "\(text.prefix(400))")
         }
         #expect(try exchange(headerValueBytes: 7 * 1024).hasPrefix("HTTP/1.1 200"))
+        // Heads near libmicrohttpd's 16 KiB pool: the pool held them but had no room left for a
+        // queued response head, and libmicrohttpd closed without any answer. Every one gets a 431
+        // now (JSON while signerd's handler runs; libmicrohttpd's own HTML page beyond the pool).
+        var unanswered: [Int] = []
+        for size in stride(from: 15_900, through: 16_400, by: 20) {
+            let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+            defer { connection.close() }
+            try? connection.write(Array("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: \(String(repeating: "a", count: size))\r\n\r\n".utf8))
+            var received: [UInt8] = []
+            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+            if !String(decoding: received, as: UTF8.self).hasPrefix("HTTP/1.1 431") { unanswered.append(size) }
+        }
+        #expect(unanswered.isEmpty, "header sizes without a 431: \(unanswered)")
         // A query string counts too: it is part of the request line.
         let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
         defer { connection.close() }
