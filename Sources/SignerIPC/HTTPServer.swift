@@ -393,9 +393,19 @@ public final class HTTPServer: @unchecked Sendable {
     /// the client sees the answer if it reads before it writes.
     private func admit(_ connection: ConnectionState) {
         // Counted from the open connections (at most max_connections + the reserve), this one included.
-        let (held, open) = connections.withLock { all in (all.values.reduce(0) { $0 + ($1.uid == connection.uid ? 1 : 0) }, all.count) }
+        var (held, open) = connections.withLock { all in (all.values.reduce(0) { $0 + ($1.uid == connection.uid ? 1 : 0) }, all.count) }
         let limit = handler.mayConnect(connection.peer) ? options.connectionsPerUIDLimit : options.forbiddenConnectionsPerUID
         let privileged = connection.uid == 0 || connection.uid == getuid()
+        if held > limit || (!privileged && open > options.connectionLimit) {
+            // Over a limit: count again without connections whose client has
+            // closed its socket. libmicrohttpd reports those closed a few
+            // milliseconds later, and a client that reconnects at once would
+            // otherwise be refused for connections it no longer has.
+            (held, open) = connections.withLock { all in
+                let live = all.values.filter { $0 === connection || !Self.peerHungUp($0.descriptor) }
+                return (live.reduce(0) { $0 + ($1.uid == connection.uid ? 1 : 0) }, live.count)
+            }
+        }
         let message: String
         if held > limit {
             message = "uid \(connection.uid) already holds \(limit) connections, the most one uid may hold (max_connections_per_uid); reuse keep-alive connections or close idle ones"
@@ -413,6 +423,15 @@ public final class HTTPServer: @unchecked Sendable {
         var error = APIError(.rateLimited, message)
         error.retryAfter = 1
         answerAndClose(connection, with: HTTPResponse(error: error))
+    }
+
+    /// Whether the client at the other end of `descriptor` has closed its
+    /// socket (`POLLHUP` on a Unix stream socket: both directions shut). A
+    /// client that only shut its writing side still counts.
+    private static func peerHungUp(_ descriptor: Int32) -> Bool {
+        guard descriptor >= 0 else { return false }
+        var entry = pollfd(fd: descriptor, events: 0, revents: 0)
+        return poll(&entry, 1, 0) == 1 && entry.revents & Int16(POLLHUP) != 0
     }
 
     private func answerAndClose(_ connection: ConnectionState, with response: HTTPResponse) {
