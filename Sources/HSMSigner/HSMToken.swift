@@ -582,6 +582,9 @@ public final class HSMToken: @unchecked Sendable {
             if case .up = state.status {
                 state.status = .down(reason: reason)
                 state.downSince = MonotonicClock.now()
+                // Handles may not survive the outage, and what is shown of a
+                // key (GET /v1/keys, signerd_keys) should say it is unreachable.
+                state.keys.removeAll()
             }
             guard !state.recovering else { return false }
             state.recovering = true

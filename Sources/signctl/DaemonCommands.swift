@@ -92,7 +92,7 @@ func sign(kind: String, _ words: [String], configPath: String) throws -> ExitCod
         if arguments.flag("json") {
             printJSON(signed)
         } else {
-            print("key_id:    \(signed.keyID)\napp_account_token: \(signed.appAccountToken.isEmpty ? "(none)" : signed.appAccountToken)\nnonce:     \(signed.nonce)\ntimestamp: \(signed.timestamp)\nsignature: \(signed.signature)")
+            print("key_id:            \(signed.keyID)\napp_account_token: \(signed.appAccountToken.isEmpty ? "(none)" : signed.appAccountToken)\nnonce:             \(signed.nonce)\ntimestamp:         \(signed.timestamp)\nsignature:         \(signed.signature)")
         }
         return .success
     case "promotional-offer-v2", "introductory-offer-eligibility", "advanced-commerce-request", "server-api-token":

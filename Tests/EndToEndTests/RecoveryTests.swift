@@ -26,6 +26,7 @@ struct RecoveryTests {
         try FileManager.default.moveItem(atPath: tokens, toPath: tokens + ".away")
         usleep(3_000_000)
         let readyWhileAway = try daemon.client().send("GET", "/readyz").status
+        let keysWhileAway = try daemon.client().send("GET", "/v1/keys").decode(KeysResponse.self).keys
         try FileManager.default.moveItem(atPath: tokens + ".away", toPath: tokens)
         let back = Date()
         // Until signatures flow again (20 good ones after the last failure), at most 20 s.
@@ -47,6 +48,8 @@ struct RecoveryTests {
         #expect(Set(failures.map(\.status)) == [503], "failures are 503 hsm_unavailable")
         #expect(flowing != nil, "signatures flow again")
         #expect(readyWhileAway == 503)
+        #expect(keysWhileAway.count == 1 && keysWhileAway.allSatisfy { $0.publicKeyPEM == nil }, "no public key shown while the token is away")
+        #expect(try daemon.client().send("GET", "/v1/keys").decode(KeysResponse.self).keys.first?.publicKeyPEM != nil, "and shown again after")
         #expect(daemon.process?.isRunning == true && daemon.process?.processIdentifier == pid, "no restart")
         let ready = try daemon.client().send("GET", "/readyz")
         #expect(ready.status == 200, "\(String(decoding: ready.body, as: UTF8.self)) \(daemon.log.suffix(5))")
