@@ -185,6 +185,11 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         guard pin.count < maximum else {
             throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is longer than \(maximum - 1) bytes")
         }
+        // One line only: a second line is almost surely a mistake (two PINs, a
+        // note), and a PIN the token refuses counts towards locking it.
+        guard !pin.withUnsafeBytes({ $0.contains(0x0a) || $0.contains(0x0d) }) else {
+            throw HSMError(.pinSourceUnreadable, "the PIN file \(path) holds more than one line; put the PIN alone on the first line")
+        }
         return pin
     }
 

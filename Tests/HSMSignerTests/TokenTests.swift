@@ -310,6 +310,14 @@ struct TokenURITests {
         #expect(insecure?.message.contains("s3cret") == false)
         let missing = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(directory)/none").readPIN() }
         #expect(missing?.code == .pinSourceUnreadable)
+        // Two lines are refused, without showing either (a wrong PIN tried counts towards locking the token).
+        for (name, text) in [("two-lines", "s3cret\nother\n"), ("cr-inside", "s3c\rret")] {
+            let path = directory + "/" + name
+            try writeSecretFile(path, text)
+            let refused = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(path)").readPIN() }
+            #expect(refused?.code == .pinSourceUnreadable)
+            #expect(refused?.message.contains("more than one line") == true && refused?.message.contains("s3c") == false, "\(refused?.message ?? "")")
+        }
     }
 
     @Test("a token that is not there is token_not_found, naming the tokens present")
