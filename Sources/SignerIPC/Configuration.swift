@@ -175,7 +175,7 @@ public struct SignerConfiguration: Sendable, Equatable {
             case .unknownField:
                 throw ConfigurationError("unknown configuration key \(error.field ?? "?"); known keys: \(knownKeys.sorted().joined(separator: ", "))")
             case .invalidJSON:
-                throw ConfigurationError(invalidJSONMessage(bytes, repeated: error.field))
+                throw ConfigurationError(invalidJSONMessage(bytes))
             default:
                 throw ConfigurationError(key: error.field ?? "configuration", error.message)
             }
@@ -189,10 +189,8 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// Why ``FieldReader`` refused the file as `invalid_json`, in the
     /// file's terms, with its own checks: empty, not UTF-8, not JSON, not
     /// an object, or a member named twice.
-    /// - Parameters:
-    ///   - bytes: the file's contents.
-    ///   - repeated: the `field` of FieldReader's error: the member named twice, if it told.
-    private static func invalidJSONMessage(_ bytes: [UInt8], repeated: String?) -> String {
+    /// - Parameter bytes: the file's contents.
+    private static func invalidJSONMessage(_ bytes: [UInt8]) -> String {
         if bytes.allSatisfy({ [0x20, 0x09, 0x0a, 0x0d].contains($0) }) {
             return "the file is empty; it must hold one JSON object, e.g. {\"token_uri\": \"pkcs11:…\"}"
         }
@@ -212,8 +210,9 @@ public struct SignerConfiguration: Sendable, Equatable {
         guard parsed is [String: Any] else {
             return "the file holds \(JSONValue(foundation: parsed)?.kind ?? "a value") where one JSON object is expected"
         }
-        if let name = repeated ?? FieldReader.repeatedMemberName(in: bytes) {
-            return "the key \"\(name)\" appears more than once in one object; give each key once (only the last would count)"
+        if let member = FieldReader.repeatedMember(in: bytes) {
+            let place = member.path == member.name ? "" : " (\(member.path))"
+            return "the key \"\(member.name)\" appears more than once in one object\(place); give each key once (only the last would count)"
         }
         return "the file is not one JSON object signerd can read"
     }

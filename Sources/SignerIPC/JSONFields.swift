@@ -305,8 +305,9 @@ public struct FieldReader {
         // has fewer members than the text has names exactly when some
         // object repeats one, however the names were escaped.
         if value.memberCount != Self.memberNameCount(in: body) {
-            let name = Self.repeatedMemberName(in: body)
-            throw APIError(.invalidJSON, "the member \(name.map { "\"\($0)\"" } ?? "name") appears more than once in one object; send each field once (which value to sign would be ambiguous)", field: name)
+            let member = Self.repeatedMember(in: body)
+            let place = member.map { $0.path == $0.name ? "" : " (\($0.path))" } ?? ""
+            throw APIError(.invalidJSON, "the member \(member.map { "\"\($0.name)\"" } ?? "name") appears more than once in one object\(place); send each field once (which value to sign would be ambiguous)", field: member?.path)
         }
         self.init(checked: members, path: "")  // unknown members were refused above
     }
@@ -370,20 +371,47 @@ public struct FieldReader {
     /// strings (as the parser's dictionary compares them). Stays in bounds
     /// on any input.
     static func repeatedMemberName(in body: [UInt8]) -> String? {
-        // The names so far of each open object, innermost last.
-        var objects: [Set<String>] = []
-        var repeated: String?
+        repeatedMember(in: body)?.name
+    }
+
+    /// As ``repeatedMemberName(in:)``, with the member's path as the API
+    /// names fields (`generate_offers[0].offer_id`; the bare name at the top).
+    static func repeatedMember(in body: [UInt8]) -> (name: String, path: String)? {
+        // One frame per open container, innermost last: an object's names so
+        // far and the member being read, or an array's element index.
+        enum Frame {
+            case object(names: Set<String>, current: String?)
+            case array(index: Int)
+        }
+        var frames: [Frame] = []
+        var repeated: (name: String, path: String)?
+        func path(to name: String) -> String {
+            var path = ""
+            for frame in frames.dropLast() {
+                switch frame {
+                case .object(_, let current): path += path.isEmpty ? (current ?? "") : ".\(current ?? "")"
+                case .array(let index): path += "[\(index)]"
+                }
+            }
+            return path.isEmpty ? name : "\(path).\(name)"
+        }
         scanMemberNames(in: body) { event, raw in
             switch event {
             case .objectStart:
-                objects.append([])
-            case .objectEnd:
-                if !objects.isEmpty { objects.removeLast() }
+                frames.append(.object(names: [], current: nil))
+            case .arrayStart:
+                frames.append(.array(index: 0))
+            case .objectEnd, .arrayEnd:
+                if !frames.isEmpty { frames.removeLast() }
+            case .nextElement:
+                if case .array(let index)? = frames.last { frames[frames.count - 1] = .array(index: index + 1) }
             case .name(let escaped):
+                guard case .object(var names, _)? = frames.last else { return true }
                 let name = escaped ? Self.decodedString(raw) : String(decoding: raw, as: UTF8.self)
-                // In place (no copy of the set per name).
-                if !objects.isEmpty && !objects[objects.count - 1].insert(name).inserted {
-                    repeated = name
+                let fresh = names.insert(name).inserted
+                frames[frames.count - 1] = .object(names: names, current: name)
+                if !fresh {
+                    repeated = (name, path(to: name))
                     return false
                 }
             }
@@ -396,13 +424,18 @@ public struct FieldReader {
     enum ScanEvent {
         case objectStart
         case objectEnd
+        case arrayStart
+        case arrayEnd
+        /// A comma between two elements of an array.
+        case nextElement
         /// A member name (its raw bytes are passed alongside); `escaped`
         /// when they hold a backslash escape.
         case name(escaped: Bool)
     }
 
-    /// Walks the JSON text in `body` and reports each object's start and
-    /// end and each member name (raw bytes between the quotes), until
+    /// Walks the JSON text in `body` and reports each object's and array's
+    /// start and end, each comma between array elements, and each member
+    /// name (raw bytes between the quotes), until
     /// `visit` returns false. A string is a name when it sits directly in an
     /// object after `{` or `,`. Meant for text the parser accepted; stays in
     /// bounds on any input.
@@ -434,11 +467,15 @@ public struct FieldReader {
             case UInt8(ascii: "["):
                 open.append(false)
                 previous = byte
+                if !visit(.arrayStart, []) { return }
             case UInt8(ascii: "}"), UInt8(ascii: "]"):
                 let wasObject = open.popLast() ?? false
                 previous = byte
-                if wasObject && !visit(.objectEnd, []) { return }
-            case UInt8(ascii: ","), UInt8(ascii: ":"):
+                if !visit(wasObject ? .objectEnd : .arrayEnd, []) { return }
+            case UInt8(ascii: ","):
+                previous = byte
+                if open.last == false && !visit(.nextElement, []) { return }
+            case UInt8(ascii: ":"):
                 previous = byte
             default:
                 break  // whitespace, numbers, true, false, null

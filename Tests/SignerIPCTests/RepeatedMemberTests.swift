@@ -9,22 +9,25 @@ import Testing
 struct RepeatedMemberTests {
     static let allowed: Set<String> = ["bundle_id", "product_id", "offer_id", "app_account_token", "generate_offers", "request"]
 
-    @Test("found in the top object, in nested objects, and through escapes", arguments: [
-        (#"{"bundle_id":"a","offer_id":"x","offer_id":"y"}"#, "offer_id"),
-        (#"{"offer_id":"x", "bundle_id":"a" ,"offer_id" : "y"}"#, "offer_id"),
-        (#"{"generate_offers":[{"offer_id":"x","product_id":"p","offer_id":"y"}]}"#, "offer_id"),
-        (#"{"request":{"a":{"b":1,"b":2}}}"#, "b"),
-        (#"{"offer_id":"x","\u006fffer_id":"y"}"#, "offer_id"),
-        (#"{"bundle_id":"a","bundle_id":"a"}"#, "bundle_id"),
+    @Test("found in the top object, in nested objects, and through escapes; the field is its path", arguments: [
+        (#"{"bundle_id":"a","offer_id":"x","offer_id":"y"}"#, "offer_id", "offer_id"),
+        (#"{"offer_id":"x", "bundle_id":"a" ,"offer_id" : "y"}"#, "offer_id", "offer_id"),
+        (#"{"generate_offers":[{"offer_id":"x","product_id":"p","offer_id":"y"}]}"#, "offer_id", "generate_offers[0].offer_id"),
+        (#"{"generate_offers":[{"offer_id":"x"}, [1, [2, 3]], {"offer_id":"y","product_id":"p","product_id":"q"}]}"#, "product_id", "generate_offers[2].product_id"),
+        (#"{"request":{"a":{"b":1,"b":2}}}"#, "b", "request.a.b"),
+        (#"{"request":{"list":[{"c":1},{"c":1,"c":2}]}}"#, "c", "request.list[1].c"),
+        (#"{"offer_id":"x","\u006fffer_id":"y"}"#, "offer_id", "offer_id"),
+        (#"{"bundle_id":"a","bundle_id":"a"}"#, "bundle_id", "bundle_id"),
     ])
-    func repeated(body: String, name: String) {
+    func repeated(body: String, name: String, path: String) {
         #expect(FieldReader.repeatedMemberName(in: Array(body.utf8)) == name)
+        #expect(FieldReader.repeatedMember(in: Array(body.utf8))?.path == path)
         do {
             _ = try FieldReader(json: Array(body.utf8), allowed: Self.allowed)
             Issue.record("accepted \(body)")
         } catch {
             #expect(error.code == .invalidJSON)
-            #expect(error.field == name)
+            #expect(error.field == path)
             #expect(error.message.contains("\"\(name)\" appears more than once"))
         }
     }
