@@ -378,12 +378,6 @@ public final class HTTPServer: @unchecked Sendable {
         handler.sent(status: response.status, path: path)
     }
 
-    /// Writes `response` (with `Connection: close`) on a connection whose
-    /// thread is still inside its handler, then shuts the socket down. The
-    /// thread is not reading or writing the socket meanwhile (the request
-    /// was read in full before the handler ran), and when the handler
-    /// returns its response is dropped and libmicrohttpd closes the
-    /// connection.
     /// Checks a new connection against its uid's share
     /// (``HTTPServerOptions/connectionsPerUIDLimit``, or
     /// ``HTTPServerOptions/forbiddenConnectionsPerUID`` for a peer that may
@@ -434,6 +428,13 @@ public final class HTTPServer: @unchecked Sendable {
         return poll(&entry, 1, 0) == 1 && entry.revents & Int16(POLLHUP) != 0
     }
 
+    /// Writes `response` (with `Connection: close`) on the connection's own
+    /// descriptor, then shuts the socket down, for answers that cannot go
+    /// through libmicrohttpd: the watchdog's 503 while the connection's
+    /// thread is still inside its handler (the request was read in full, so
+    /// the thread is not using the socket; its own response is dropped when
+    /// it returns), a 429 on arrival, and a 431 for a head too large to
+    /// leave libmicrohttpd room for a response.
     private func answerAndClose(_ connection: ConnectionState, with response: HTTPResponse) {
         guard connection.descriptor >= 0 else { return }
         let reason = [429: "Too Many Requests", 431: "Request Header Fields Too Large", 503: "Service Unavailable"][response.status] ?? "Error"
