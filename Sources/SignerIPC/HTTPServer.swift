@@ -508,6 +508,8 @@ public final class HTTPServer: @unchecked Sendable {
         /// The header lines' size as sent in the usual form
         /// (`Name: value` CRLF each), in bytes.
         var bytes = 0
+        /// How many header lines there are.
+        var count = 0
 
         init(_ connection: OpaquePointer) {
             withUnsafeMutablePointer(to: &self) { pointer in
@@ -515,6 +517,7 @@ public final class HTTPServer: @unchecked Sendable {
                     guard let context, let key else { return .YES }
                     let scan = context.assumingMemoryBound(to: HeaderScan.self)
                     scan.pointee.bytes += strlen(key) + 4 + (value.map { strlen($0) } ?? 0)
+                    scan.pointee.count += 1
                     if strcasecmp(key, "Content-Length") == 0 {
                         scan.pointee.lengths.append(value.map { String(cString: $0) } ?? "")
                     } else if strcasecmp(key, "Transfer-Encoding") == 0 {
@@ -533,9 +536,22 @@ public final class HTTPServer: @unchecked Sendable {
     private func headerLimitError(_ scan: HeaderScan, method: String, targetBytes: Int) -> APIError? {
         // "METHOD target HTTP/1.1" CRLF, the header lines, the blank line.
         let size = method.utf8.count + 1 + targetBytes + 11 + scan.bytes + 2
-        guard size > options.maxHeaderBytes else { return nil }
-        return APIError(.headersTooLarge, "the request line and headers are \(size) bytes; the limit is \(options.maxHeaderBytes) bytes (max_header_bytes)")
+        if size > options.maxHeaderBytes {
+            return APIError(.headersTooLarge, "the request line and headers are \(size) bytes; the limit is \(options.maxHeaderBytes) bytes (max_header_bytes)")
+        }
+        // libmicrohttpd keeps about 64 bytes of its pool per header beside the
+        // head itself; with many headers the pool had no room left for the
+        // response head, and a request already signed got no answer.
+        if scan.count > HTTPServer.maximumHeaderCount {
+            return APIError(.headersTooLarge, "the request has \(scan.count) header fields; the limit is \(HTTPServer.maximumHeaderCount)")
+        }
+        return nil
     }
+
+    /// The most header fields a request may carry (431 above): with the
+    /// 8 KiB head limit this keeps libmicrohttpd's 16 KiB connection pool
+    /// from running out before the response head is written.
+    static let maximumHeaderCount = 100
 
     /// Why the request's body framing is ambiguous or missing, or nil
     /// (RFC 9112 §6): `Content-Length` values that differ make the message
