@@ -182,8 +182,12 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         guard pin.count > 0 else {
             throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is empty")
         }
-        guard pin.count < maximum else {
-            throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is longer than \(maximum - 1) bytes")
+        // Anything after the buffer (a second line after a 255-byte first one) is never sent as the PIN.
+        var beyond: UInt8 = 0
+        let more = read(fd, &beyond, 1)
+        beyond = 0
+        guard pin.count < maximum, more <= 0 else {
+            throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is longer than \(maximum - 1) bytes or holds more than one line")
         }
         // One line only: a second line is almost surely a mistake (two PINs, a
         // note), and a PIN the token refuses counts towards locking it.

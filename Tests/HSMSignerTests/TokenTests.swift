@@ -311,7 +311,7 @@ struct TokenURITests {
         let missing = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(directory)/none").readPIN() }
         #expect(missing?.code == .pinSourceUnreadable)
         // Two lines are refused, without showing either (a wrong PIN tried counts towards locking the token).
-        for (name, text) in [("two-lines", "s3cret\nother\n"), ("cr-inside", "s3c\rret")] {
+        for (name, text) in [("two-lines", "s3cret\nother\n"), ("cr-inside", "s3c\rret"), ("long-first-line", String(repeating: "s", count: 255) + "\nother\n")] {
             let path = directory + "/" + name
             try writeSecretFile(path, text)
             let refused = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(path)").readPIN() }
