@@ -336,8 +336,15 @@ public struct FieldReader {
             return try JSONSerialization.jsonObject(with: Data(body), options: fragmentsAllowed ? .fragmentsAllowed : [])
         } catch {
             // The parser says where and why ("Too many nested arrays or dictionaries around character 513.").
-            throw .notJSON((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String)
+            // It can quote the input (a 60,000-digit number whole): keep the reason short.
+            throw .notJSON(((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String).map(Self.shortened))
         }
+    }
+
+    /// `text` cut to 200 characters, followed by "…" and how many were left out.
+    static func shortened(_ text: String) -> String {
+        guard text.count > 200 else { return text }
+        return "\(text.prefix(200))… (\(text.count - 200) more characters)"
     }
 
     /// Why `body` is not UTF-8 JSON text, or nil: a byte-order mark, a NUL

@@ -145,6 +145,12 @@ struct BadInputTests {
         #expect(offers[0].signatureData != nil && offers[1].signatureData != nil, "subscription_group is ignored, whatever it holds")
         #expect(offers[2].signatureError?.code == OffersResponse.invalidOfferCode && offers[2].signatureError?.message.contains("generate_offers[2].offer_id") == true)
         #expect(offers[3].signatureError?.code == OffersResponse.invalidOfferCode && offers[3].signatureError?.message.contains("generate_offers[3].zz") == true)
+        // A number the parser itself cannot hold (over 308 digits) fails the whole body, but the
+        // error does not quote all of it.
+        let huge = String(repeating: "9", count: 60_000)
+        let refused = try daemon.client().send("POST", "/v1/offers", body: Array(#"{"bundle_id":"com.example.other","generate_offers":[{"offer_id":"o","product_id":"p","subscription_group":\#(huge)}]}"#.utf8))
+        #expect(refused.status == 400 && refused.error?.code == "invalid_json")
+        #expect(refused.body.count < 1_000, "\(refused.body.count) bytes of error body")
         // Where a number is signed, the same integer is still refused with its path.
         let commerce = try daemon.client().send("POST", "/v1/sign/advanced-commerce-request",
                                                 body: Array(#"{"bundle_id":"com.example.other","request":{"price":\#(big)}}"#.utf8))
