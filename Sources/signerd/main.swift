@@ -78,7 +78,11 @@ func runDaemon() -> Never {
         case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
         default: .unavailable
         }
-        fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(error.returnValue?.name ?? "")])
+        // p11.rv only when a PKCS#11 call failed (not for a PIN file signerd refused itself).
+        if let rv = error.returnValue {
+            fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(rv.name)])
+        }
+        fail(code, "token_open_failed", logger: logger, ["error": .string(error.description)])
     }
 
     // Prove every configured key signs before telling systemd we are ready.
