@@ -75,7 +75,7 @@ extension HSMToken {
         ])
     }
 
-    private func readPublicKey(_ keyID: String, session: UInt, curve: ECCurve) throws(HSMError) -> ECPublicKey? {
+    func readPublicKey(_ keyID: String, session: UInt, curve: ECCurve) throws(HSMError) -> ECPublicKey? {
         let handles = try find(session, [
             Attribute(P11.classAttribute, ulong: P11.publicKeyClass),
             Attribute(P11.id, Array(keyID.utf8)),

@@ -114,6 +114,26 @@ public enum TokenAdministration {
 }
 
 extension HSMToken {
+    /// The public key held by the public key object with `CKA_ID` `keyID`,
+    /// whether or not a private key goes with it: what `keys export-public`
+    /// shows for a key ``publicKeyOnlyIDs()`` lists.
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and `C_GetAttributeValue` (`CKA_EC_POINT`).
+    /// - Parameter keyID: the App Store key ID.
+    /// - Throws: ``HSMError/Code/keyNotFound`` when no such object holds a
+    ///   P-256 point, ``HSMError`` from the search.
+    public func publicKeyObject(keyID: String) throws(HSMError) -> ECPublicKey {
+        let found = try withSession { (session) throws(HSMError) -> ECPublicKey? in
+            try readPublicKey(keyID, session: session, curve: .p256)
+        }
+        guard let found else {
+            var error = HSMError(.keyNotFound, "no public key object with key ID \(keyID) on token \(label)")
+            error.keyID = keyID
+            throw error
+        }
+        return found
+    }
+
     /// The key IDs of public key objects (`CKO_PUBLIC_KEY`) that have no
     /// private key object with the same `CKA_ID`: left behind by an import
     /// or a tool that stopped half-way. They block `keys import` of that ID

@@ -182,7 +182,18 @@ func keysExportPublic(_ words: [String], configPath: String) throws -> ExitCode 
     let keyID = try keyIDArgument(arguments)
     let token = try openToken(configPath: configPath)
     defer { token.close() }
-    FileHandle.standardOutput.write(Data(try token.publicKey(keyID: keyID).pem.utf8))
+    var publicKey = try? token.publicKey(keyID: keyID)
+    if publicKey == nil, let orphan = try? token.publicKeyObject(keyID: keyID) {
+        // A public key object left without its private key: still exportable.
+        FileHandle.standardError.write(Data("note: \(keyID) has only a public key object on the token (no private key: it signs nothing)\n".utf8))
+        publicKey = orphan
+    }
+    guard let publicKey else {
+        // Neither object: ask again for the error that says why.
+        FileHandle.standardOutput.write(Data(try token.publicKey(keyID: keyID).pem.utf8))
+        return .success
+    }
+    FileHandle.standardOutput.write(Data(publicKey.pem.utf8))
     return .success
 }
 

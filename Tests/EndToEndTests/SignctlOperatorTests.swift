@@ -204,6 +204,13 @@ struct SignctlPublicKeyOnlyTests {
         #expect(entries.count == 1)
         #expect(entries.first?["key_id"] as? String == "ORPHAN0001")
         #expect(entries.first?["private_key_object"] as? Bool == false)
+        // Its public key can still be exported, with a note on stderr.
+        let exported = runSignctl(["--config", config, "keys", "export-public", "ORPHAN0001"])
+        #expect(exported.status == 0, "\(exported.stderr)")
+        #expect(exported.stdout == files.publicKeyPEM)
+        #expect(exported.stderr.contains("only a public key object"), "\(exported.stderr)")
+        let absent = runSignctl(["--config", config, "keys", "export-public", "NOSUCHKEY1"])
+        #expect(absent.status == 65 && absent.stderr.contains("key_not_found"), "\(absent.stderr)")
         let refused = runSignctl(["--config", config, "keys", "import", "--key-id", "ORPHAN0001", files.sec1])
         #expect(refused.status == 65)
         #expect(refused.stderr.contains("only a public key object with key ID ORPHAN0001"), "\(refused.stderr)")
