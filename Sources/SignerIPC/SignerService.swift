@@ -510,8 +510,8 @@ public final class SignerService: HTTPHandler, Sendable {
         }
         let key = try? resolveKey(bundleID: fields.bundleID, keyID: nil, peer: request.peer, config)
         var results: [OffersResponse.Offer] = []
-        for (index, offer) in fields.generateOffers.enumerated() {
-            if let problem = offer.problem ?? Self.identifierProblem(offer, index: index) {
+        for offer in fields.generateOffers {
+            if let problem = offer.problem {
                 results.append(.init(keyID: nil, offerID: offer.offerID, productID: offer.productID, signatureData: nil,
                                      signatureError: .init(code: OffersResponse.invalidOfferCode, message: problem.message)))
                 continue
@@ -539,18 +539,6 @@ public final class SignerService: HTTPHandler, Sendable {
             }
         }
         return OffersResponse(offers: results)
-    }
-
-    /// The field rule (1–255 bytes, no control characters, no U+2063) an
-    /// offer's `product_id` or `offer_id` breaks, or nil.
-    private static func identifierProblem(_ offer: OffersRequest.Offer, index: Int) -> APIError? {
-        do {
-            try AppleFields.checkIdentifier(offer.productID, field: "generate_offers[\(index)].product_id")
-            try AppleFields.checkIdentifier(offer.offerID, field: "generate_offers[\(index)].offer_id")
-            return nil
-        } catch {
-            return APIError(error)
-        }
     }
 
     // MARK: Readiness

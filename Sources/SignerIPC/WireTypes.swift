@@ -101,7 +101,7 @@ public struct OffersRequest: Codable, Sendable, Equatable {
         /// Sent by the SDK and ignored (kept when it is a string).
         public var subscriptionGroup: String?
         /// Why this entry cannot be signed (a missing, mistyped or unknown
-        /// member), found while parsing; the other offers are signed anyway
+        /// member, or an identifier breaking the field rules), found while parsing; the other offers are signed anyway
         /// and this one is answered with a `signature_error`. Then
         /// ``offerID`` and ``productID`` hold what was sent when it was a
         /// string, else "". Not part of the wire format.
@@ -179,6 +179,12 @@ public struct OffersRequest: Codable, Sendable, Equatable {
             let productID = try reader.string("product_id")
             reader.ignore("subscription_group")
             try reader.finish()
+            do {
+                try AppleFields.checkIdentifier(productID, field: path + "product_id")
+                try AppleFields.checkIdentifier(offerID, field: path + "offer_id")
+            } catch {
+                throw APIError(error)
+            }
             return Offer(offerID: offerID, productID: productID, subscriptionGroup: group)
         } catch {
             func sent(_ name: String) -> String {
