@@ -75,7 +75,7 @@ extension HSMToken {
         ])
     }
 
-    func readPublicKey(_ keyID: String, session: UInt, curve: ECCurve) throws(HSMError) -> ECPublicKey? {
+    private func readPublicKey(_ keyID: String, session: UInt, curve: ECCurve) throws(HSMError) -> ECPublicKey? {
         let handles = try find(session, [
             Attribute(P11.classAttribute, ulong: P11.publicKeyClass),
             Attribute(P11.id, Array(keyID.utf8)),
@@ -313,5 +313,46 @@ extension HSMToken {
         forgetKnownKey(keyID)
         options.logger.notice("key_deleted", ["key.id": .string(keyID), "token.label": .string(label)])
         return count
+    }
+
+    /// The public key held by the public key object with `CKA_ID` `keyID`,
+    /// whether or not a private key goes with it: what `keys export-public`
+    /// shows for a key ``publicKeyOnlyIDs()`` lists.
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and `C_GetAttributeValue` (`CKA_EC_POINT`).
+    /// - Parameter keyID: the App Store key ID.
+    /// - Throws: ``HSMError/Code/keyNotFound`` when no such object holds a
+    ///   P-256 point, ``HSMError`` from the search.
+    public func publicKeyObject(keyID: String) throws(HSMError) -> ECPublicKey {
+        let found = try withSession { (session) throws(HSMError) -> ECPublicKey? in
+            try readPublicKey(keyID, session: session, curve: .p256)
+        }
+        guard let found else {
+            var error = HSMError(.keyNotFound, "no public key object with key ID \(keyID) on token \(label)")
+            error.keyID = keyID
+            throw error
+        }
+        return found
+    }
+
+    /// The key IDs of public key objects (`CKO_PUBLIC_KEY`) that have no
+    /// private key object with the same `CKA_ID`: left behind by an import
+    /// or a tool that stopped half-way. They block `keys import` of that ID
+    /// (`key_exists`) yet sign nothing, and ``listKeys()`` (private keys
+    /// only) does not show them.
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and `C_GetAttributeValue`.
+    /// - Returns: the printable key IDs (`0x…` hex when not printable), sorted.
+    /// - Throws: ``HSMError`` from the search.
+    public func publicKeyOnlyIDs() throws(HSMError) -> [String] {
+        try withSession { (session) throws(HSMError) -> [String] in
+            var ids: Set<String> = []
+            for handle in try find(session, [Attribute(P11.classAttribute, ulong: P11.publicKeyClass)]) {
+                guard let id = try readAttribute(session, handle, P11.id, keyID: nil), !id.isEmpty else { continue }
+                let privateKeys = try find(session, [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.id, id)])
+                if privateKeys.isEmpty { ids.insert(HSMToken.printable(id)) }
+            }
+            return ids.sorted()
+        }
     }
 }

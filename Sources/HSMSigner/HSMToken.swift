@@ -528,15 +528,25 @@ public final class HSMToken: @unchecked Sendable {
         for attempt in 1...2 {
             let digest = SecureRandom.bytes(32)
             let signature = try sign(digest: digest, keyID: keyID)
-            let publicKey: ECPublicKey
-            if let used = signature.publicKey { publicKey = used } else { publicKey = try self.publicKey(keyID: keyID) }
-            if publicKey.verify(rawSignature: signature.raw, digest: digest) { return }
+            if try signingPublicKey(signature, keyID: keyID).verify(rawSignature: signature.raw, digest: digest) { return }
             if attempt == 1 { forgetKey(keyID) }
         }
         var error = HSMError(.verificationFailed, "the token's signature with key \(keyID) did not verify with its public key")
         error.keyID = keyID
         error.tokenLabel = label
         throw error
+    }
+
+    /// The public key to check `signature` with: the one of the objects
+    /// that made it, or, when the token has no public key object for them,
+    /// a fresh look-up (which throws ``HSMError/Code/keyInvalid``).
+    /// - Parameters:
+    ///   - signature: what ``sign(digest:keyID:)`` returned.
+    ///   - keyID: the key it was made with.
+    /// - Throws: ``HSMError`` from ``publicKey(keyID:)``.
+    public func signingPublicKey(_ signature: TokenSignature, keyID: String) throws(HSMError) -> ECPublicKey {
+        if let used = signature.publicKey { return used }
+        return try publicKey(keyID: keyID)
     }
 
     // MARK: Health and recovery

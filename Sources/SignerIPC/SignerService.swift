@@ -421,9 +421,7 @@ public final class SignerService: HTTPHandler, Sendable {
             do {
                 // The key that signed, not a second look-up: during an outage
                 // that could find the key gone and answer 404 for a signature made.
-                let publicKey: ECPublicKey
-                if let used = signature.publicKey { publicKey = used } else { publicKey = try token.publicKey(keyID: keyID) }
-                verified = publicKey.verify(derSignature: der, digest: digest)
+                verified = try token.signingPublicKey(signature, keyID: keyID).verify(derSignature: der, digest: digest)
             } catch {
                 throw apiError(error, keyID: keyID)
             }

@@ -301,8 +301,11 @@ public struct KeysResponse: Codable, Sendable, Equatable {
             case publicKeyPEM = "public_key_pem", tokenLabel = "token_label"
         }
 
-        /// Writes every member the contract lists, `null` for an unknown
-        /// issuer ID or public key (a strict client finds each member present).
+        /// Writes every member the contract lists (API contract v1, `GET
+        /// /v1/keys`), `null` for an unknown issuer ID or public key, so a
+        /// strict client finds each member present.
+        /// - Parameter encoder: the encoder to write to.
+        /// - Throws: what `encoder` throws.
         public func encode(to encoder: any Encoder) throws {
             var container = encoder.container(keyedBy: CodingKeys.self)
             try container.encode(keyID, forKey: .keyID)
