@@ -31,6 +31,35 @@ public enum TokenAdministration {
     ///   shorter or longer than the token takes, before any change;
     ///   `pkcs11_failure` with the function and `CKR_*` value.
     public static func initializeToken(modulePath: String, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) -> Outcome {
+        try initialize(modulePath: modulePath, label: label, soPIN: soPIN, userPIN: userPIN)
+    }
+
+    /// Initializes a token with `label` in a free slot (`C_InitToken`) and
+    /// stops there: no user PIN is set (no `C_InitPIN`). That is the state an
+    /// initialization interrupted between the two calls leaves behind, on
+    /// which `C_Login` as user returns `CKR_USER_PIN_NOT_INITIALIZED`; tests
+    /// make it with this, operators never need it. An initialized token with
+    /// this label is left alone.
+    ///
+    /// The corresponding PKCS#11 function is `C_InitToken`.
+    /// - Parameters:
+    ///   - modulePath: the PKCS#11 module (e.g. `libsofthsm2.so`).
+    ///   - label: the token label, 1–32 bytes.
+    ///   - soPIN: the security officer PIN to set, checked against the
+    ///     token's `ulMinPinLen`…`ulMaxPinLen` (bytes) first.
+    /// - Returns: ``Outcome/initialized(serial:)``, or
+    ///   ``Outcome/alreadyInitialized(serial:)`` when the label was taken.
+    /// - Throws: ``HSMError/Code/invalidURI`` for a label outside 1–32 bytes;
+    ///   ``HSMError/Code/tokenNotFound`` when no free slot exists;
+    ///   ``HSMError/Code/pinRejected`` (`CKR_PIN_LEN_RANGE`) before any change;
+    ///   `pkcs11_failure` with the function and `CKR_*` value.
+    package static func initializeTokenWithoutUserPIN(modulePath: String, label: String, soPIN: SecureBytes) throws(HSMError) -> Outcome {
+        try initialize(modulePath: modulePath, label: label, soPIN: soPIN, userPIN: nil)
+    }
+
+    /// ``initializeToken(modulePath:label:soPIN:userPIN:)``; with `userPIN`
+    /// nil it stops after `C_InitToken` and leaves an existing token alone.
+    private static func initialize(modulePath: String, label: String, soPIN: SecureBytes, userPIN: SecureBytes?) throws(HSMError) -> Outcome {
         guard !label.isEmpty, label.utf8.count <= 32 else {
             throw HSMError(.invalidURI, "a token label is 1–32 bytes")
         }
@@ -49,7 +78,7 @@ public enum TokenAdministration {
 
         let present = try tokens()
         if let existing = present.first(where: { $0.1.label == label && $0.1.flags & P11.tokenInitialized != 0 }) {
-            guard existing.1.flags & P11.userPINInitialized == 0 else {
+            guard let userPIN, existing.1.flags & P11.userPINInitialized == 0 else {
                 return .alreadyInitialized(serial: existing.1.serial)
             }
             try checkPINLengths(functions, slot: existing.0, label: label, soPIN: soPIN, userPIN: userPIN)
@@ -66,7 +95,9 @@ public enum TokenAdministration {
         guard let (slot, info) = try tokens().first(where: { $0.1.label == label && $0.1.flags & P11.tokenInitialized != 0 }) else {
             throw HSMError(.tokenNotFound, "token \(label) vanished after C_InitToken")
         }
-        try setUserPIN(functions, slot: slot, label: label, soPIN: soPIN, userPIN: userPIN)
+        if let userPIN {
+            try setUserPIN(functions, slot: slot, label: label, soPIN: soPIN, userPIN: userPIN)
+        }
         return .initialized(serial: info.serial)
     }
 
@@ -85,17 +116,19 @@ public enum TokenAdministration {
     }
 
     /// Refuses a PIN outside the token's `ulMinPinLen`…`ulMaxPinLen` (bytes)
-    /// before anything is changed. The message gives the limits, never the
-    /// PIN or its length. Skipped when the token does not answer
-    /// `C_GetTokenInfo` (the later calls then report what it says).
+    /// before anything is changed (the user PIN only when one is given). The
+    /// message gives the limits, never the PIN or its length. Skipped when
+    /// the token does not answer `C_GetTokenInfo` (the later calls then
+    /// report what it says).
     ///
     /// The corresponding PKCS#11 function is `C_GetTokenInfo`.
     /// - Throws: ``HSMError/Code/pinRejected`` with `CKR_PIN_LEN_RANGE`.
-    private static func checkPINLengths(_ functions: PKCS11Functions, slot: UInt, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) {
+    private static func checkPINLengths(_ functions: PKCS11Functions, slot: UInt, label: String, soPIN: SecureBytes, userPIN: SecureBytes?) throws(HSMError) {
         let (rv, info) = functions.tokenInfo(slot: slot)
         guard rv == .ok, let lengths = info?.pinLengths else { return }
         let minimum = lengths.lowerBound, maximum = lengths.upperBound
-        for (name, pin) in [("user PIN (--pin-file)", userPIN), ("SO PIN (--so-pin-file)", soPIN)] where !lengths.contains(pin.count) {
+        let pins = [userPIN.map { ("user PIN (--pin-file)", $0) }, ("SO PIN (--so-pin-file)", soPIN)].compactMap { $0 }
+        for (name, pin) in pins where !lengths.contains(pin.count) {
             var error = HSMError(.pinRejected, "the \(name) is \(pin.count < minimum ? "shorter" : "longer") than token \(label) takes: \(minimum) to \(maximum) bytes (ulMinPinLen, ulMaxPinLen); nothing was changed")
             error.function = PKCS11Function.getTokenInfo.rawValue
             error.returnValue = .pinLenRange

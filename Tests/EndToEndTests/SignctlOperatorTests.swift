@@ -74,34 +74,29 @@ struct SignctlTokenInitTests {
         #expect(list.stdout.contains("no keys on token short"))
     }
 
-    @Test("a token without a user PIN: keys list exits 78 with a hint, and token init sets the user PIN",
-          .enabled(if: FileManager.default.isExecutableFile(atPath: "/usr/bin/pkcs11-tool"),
-                   "skipped: needs OpenSC's pkcs11-tool (not installed by scripts/install-deps.sh) to make a token with no user PIN; SoftHSM's own tool always sets one"))
+    @Test("a token without a user PIN: keys list exits 78 with a hint, and token init sets the user PIN")
     func halfInitialized() throws {
-        let hsm = try FreeSoftHSM()
-        // C_InitToken alone, as the old signctl left it after C_InitPIN failed. The SO PIN
-        // is this throw-away token's, on pkcs11-tool's command line, which has no other way.
-        try run(["pkcs11-tool", "--module", hsm.modulePath, "--init-token", "--label", "half", "--so-pin", "12345678"], environment: ProcessInfo.processInfo.environment.merging(hsm.environment) { _, new in new })
-        let soPIN = try hsm.pinFile("so-pin", "12345678")
-        let pin = try hsm.pinFile("pin", "87654321")
-        let config = try hsm.config(label: "half", pinPath: pin)
-        let list = runSignctl(["--config", config, "keys", "list"], environment: hsm.environment)
+        // C_InitToken alone, in this process through HSMSigner's function table, as the old
+        // signctl left a token after C_InitPIN failed. signctl inherits this process's SOFTHSM2_CONF.
+        let (token, config) = try tokenConfig("half", userPIN: false)
+        let list = runSignctl(["--config", config, "keys", "list"])
         #expect(list.status == 78, "\(list.stderr)")
         #expect(list.stderr.contains("CKR_USER_PIN_NOT_INITIALIZED"), "\(list.stderr)")
         #expect(list.stderr.contains("hint: the token has no user PIN"), "\(list.stderr)")
-        let repaired = runSignctl(["token", "init", "--label", "half", "--pin-file", pin, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
+        let repaired = runSignctl(["token", "init", "--label", token.label, "--pin-file", token.pinPath, "--so-pin-file", token.soPINPath, "--module", token.modulePath])
         #expect(repaired.status == 0, "\(repaired.stderr)")
         #expect(repaired.stdout.contains("without a user PIN") && repaired.stdout.contains("set the user PIN"), "\(repaired.stdout)")
-        let after = runSignctl(["--config", config, "keys", "list"], environment: hsm.environment)
+        let after = runSignctl(["--config", config, "keys", "list"])
         #expect(after.status == 0, "\(after.stderr)")
-        #expect(after.stdout.contains("no keys on token half"))
+        #expect(after.stdout.contains("no keys on token \(token.label)"))
     }
 }
 
 /// A fresh token of the shared SoftHSM fixture (this process's
-/// SOFTHSM2_CONF, which signctl inherits) and a configuration naming it.
-func tokenConfig(_ prefix: String) throws -> (token: SoftHSMFixture.Token, configPath: String) {
-    let token = try SoftHSMFixture.shared.makeToken(prefix)
+/// SOFTHSM2_CONF, which signctl inherits) and a configuration naming it;
+/// `userPIN: false` leaves the token without a user PIN.
+func tokenConfig(_ prefix: String, userPIN: Bool = true) throws -> (token: SoftHSMFixture.Token, configPath: String) {
+    let token = try SoftHSMFixture.shared.makeToken(prefix, userPIN: userPIN)
     let path = TemporaryDirectory.make(prefix: "signerd-ops") + "/signerd.json"
     try #"{"token_uri": "\#(token.uri)"}"#.write(toFile: path, atomically: false, encoding: .utf8)
     return (token, path)

@@ -26,14 +26,23 @@ public final class SoftHSMFixture: Sendable {
 
     public struct Token: Sendable {
         public let label: String
+        /// The user PIN's 0600 file; the PIN was never set when the token was
+        /// made with `userPIN: false`.
         public let pinPath: String
+        /// The security officer PIN's 0600 file, for `signctl token init --so-pin-file`.
+        public let soPINPath: String
         public let uri: String
         public let modulePath: String
     }
 
-    /// Makes a new initialized token with a random user PIN in a 0600 file.
-    /// - Parameter prefix: the start of the label; a counter makes it unique.
-    public func makeToken(_ prefix: String) throws -> Token {
+    /// Makes a new initialized token with random PINs in 0600 files.
+    /// - Parameters:
+    ///   - prefix: the start of the label; a counter makes it unique.
+    ///   - userPIN: false to stop after `C_InitToken`, without `C_InitPIN`:
+    ///     the token an interrupted `token init` leaves, on which a user
+    ///     login returns `CKR_USER_PIN_NOT_INITIALIZED`.
+    public func makeToken(_ prefix: String, userPIN: Bool = true) throws -> Token {
+        // One at a time: two C_InitToken calls on the one free slot would make one token of two.
         try lock.withLock { counter in
             counter += 1
             let label = "\(prefix)-\(counter)"
@@ -41,14 +50,17 @@ public final class SoftHSMFixture: Sendable {
             let soPINPath = directory + "/\(label).so-pin"
             try writeSecretFile(pinPath, SecureRandom.bytes(12).hexString)
             try writeSecretFile(soPINPath, SecureRandom.bytes(12).hexString)
-            let outcome = try TokenAdministration.initializeToken(
-                modulePath: modulePath, label: label,
-                soPIN: TokenAdministration.readPINFile(soPINPath),
-                userPIN: TokenAdministration.readPINFile(pinPath))
+            let soPIN = try TokenAdministration.readPINFile(soPINPath)
+            let outcome = if userPIN {
+                try TokenAdministration.initializeToken(modulePath: modulePath, label: label, soPIN: soPIN,
+                                                        userPIN: TokenAdministration.readPINFile(pinPath))
+            } else {
+                try TokenAdministration.initializeTokenWithoutUserPIN(modulePath: modulePath, label: label, soPIN: soPIN)
+            }
             guard case .initialized = outcome else {
                 throw FixtureError("token \(label) already existed")
             }
-            return Token(label: label, pinPath: pinPath,
+            return Token(label: label, pinPath: pinPath, soPINPath: soPINPath,
                          uri: "pkcs11:token=\(label)?module-path=\(modulePath)&pin-source=file:\(pinPath)",
                          modulePath: modulePath)
         }
