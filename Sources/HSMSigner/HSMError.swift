@@ -34,6 +34,10 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         public static let keyNotFound = Code(rawValue: "key_not_found")
         /// A key with this key ID is already on the token.
         public static let keyExists = Code(rawValue: "key_exists")
+        /// The key being imported is already on the token under another key
+        /// ID: a public key object with another `CKA_ID` holds the same
+        /// `CKA_EC_POINT`.
+        public static let keyDuplicate = Code(rawValue: "key_duplicate")
         /// The key object is unusable (not EC P-256, no public key object, …).
         public static let keyInvalid = Code(rawValue: "key_invalid")
         /// No session became free within the checkout timeout.

@@ -30,6 +30,9 @@ public struct KeyImportResult: Sendable {
     public var publicKey: ECPublicKey
     /// Whether objects with this key ID were replaced.
     public var replaced: Bool
+    /// Other key IDs whose public key objects hold the same key, sorted;
+    /// empty unless the import was told to allow a duplicate key.
+    public var duplicateOf: [String] = []
 }
 
 extension HSMToken {
@@ -188,22 +191,34 @@ extension HSMToken {
     /// public key; on failure it removes what it created. With `replace`,
     /// older objects with the key ID are removed only after the new key passed.
     ///
-    /// The corresponding PKCS#11 function is `C_CreateObject`.
+    /// Before anything is created, the key's uncompressed point is compared
+    /// with the `CKA_EC_POINT` of every EC public key object on the token
+    /// (DER-wrapped or raw) that has a `CKA_ID` and is not about to be
+    /// replaced: an App Store key ID names exactly one key, so the same key
+    /// under a second key ID is refused unless `allowDuplicateKey`. A private
+    /// key without a public key object cannot be compared.
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjects`,
+    /// `C_GetAttributeValue` (`CKA_ID`, `CKA_EC_POINT`) and `C_CreateObject`.
     /// - Parameters:
     ///   - material: the parsed key file.
     ///   - keyID: 10 characters `A-Z0-9`.
     ///   - replace: whether an existing key with this ID may be replaced.
+    ///   - allowDuplicateKey: whether the key may also be on the token under
+    ///     other key IDs (``KeyImportResult/duplicateOf`` names them).
     /// - Returns: what was imported.
     /// - Throws: ``HSMError/Code/keyExists`` (without `replace`),
+    ///   ``HSMError/Code/keyDuplicate`` naming the other key IDs (without
+    ///   `allowDuplicateKey`), both before any change;
     ///   ``HSMError/Code/verificationFailed`` (self-test), `pkcs11_failure`.
-    public func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool) throws(HSMError) -> KeyImportResult {
-        try importKey(material, keyID: keyID, replace: replace, extractable: false)
+    public func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool, allowDuplicateKey: Bool = false) throws(HSMError) -> KeyImportResult {
+        try importKey(material, keyID: keyID, replace: replace, allowDuplicateKey: allowDuplicateKey, extractable: false)
     }
 
-    /// ``importKey(_:keyID:replace:)`` with `CKA_EXTRACTABLE` and the
-    /// opposite `CKA_SENSITIVE` chosen: true only in tests, to make the key a
-    /// vendor tool may leave on a token.
-    func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool, extractable: Bool) throws(HSMError) -> KeyImportResult {
+    /// ``importKey(_:keyID:replace:allowDuplicateKey:)`` with
+    /// `CKA_EXTRACTABLE` and the opposite `CKA_SENSITIVE` chosen: true only in
+    /// tests, to make the key a vendor tool may leave on a token.
+    func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool, allowDuplicateKey: Bool = false, extractable: Bool) throws(HSMError) -> KeyImportResult {
         guard KeyID.isValid(keyID) else {
             throw HSMError(.keyInvalid, "key ID \(keyID) is not 10 characters A-Z0-9")
         }
@@ -215,6 +230,13 @@ extension HSMToken {
             if !old.isEmpty && !replace {
                 var error = HSMError(.keyExists, "key ID \(keyID) is already on token \(label); pass --replace to replace it")
                 error.keyID = keyID
+                throw error
+            }
+            let duplicateOf = try keyIDs(holding: material.publicKey, session: session, excluding: Set(old))
+            if !duplicateOf.isEmpty && !allowDuplicateKey {
+                var error = HSMError(.keyDuplicate, "this key is already on token \(label) as key ID \(duplicateOf.joined(separator: ", ")) (public key SHA-256 fingerprint \(material.publicKey.fingerprint)); an App Store key ID names exactly one key, so importing it as \(keyID) too is most likely the wrong file or the wrong key ID; nothing was changed")
+                error.keyID = keyID
+                error.tokenLabel = label
                 throw error
             }
             let privateTemplate: [Attribute] = [
@@ -281,8 +303,28 @@ extension HSMToken {
             }
             forgetKey(keyID)
             options.logger.notice("key_imported", ["key.id": .string(keyID), "token.label": .string(label), "replaced": .bool(!old.isEmpty)])
-            return KeyImportResult(keyID: keyID, publicKey: material.publicKey, replaced: !old.isEmpty)
+            return KeyImportResult(keyID: keyID, publicKey: material.publicKey, replaced: !old.isEmpty, duplicateOf: duplicateOf)
         }
+    }
+
+    /// The key IDs (`CKA_ID`, printable) of the EC public key objects whose
+    /// `CKA_EC_POINT`, DER-wrapped or raw, is `publicKey`'s point; objects in
+    /// `excluded` and objects without a `CKA_ID` are left out.
+    /// - Returns: the key IDs, sorted, each once.
+    /// - Throws: ``HSMError`` from the search or an attribute read.
+    private func keyIDs(holding publicKey: ECPublicKey, session: UInt, excluding excluded: Set<UInt>) throws(HSMError) -> [String] {
+        var holders: Set<String> = []
+        let handles = try find(session, [
+            Attribute(P11.classAttribute, ulong: P11.publicKeyClass),
+            Attribute(P11.keyType, ulong: P11.ecKeyType),
+        ])
+        for handle in handles where !excluded.contains(handle) {
+            guard let id = try readAttribute(session, handle, P11.id, keyID: nil), !id.isEmpty,
+                  let point = try readAttribute(session, handle, P11.ecPoint, keyID: HSMToken.printable(id)),
+                  HSMToken.uncompressedPoint(fromECPoint: point, curve: publicKey.curve) == publicKey.uncompressedPoint else { continue }
+            holders.insert(HSMToken.printable(id))
+        }
+        return holders.sorted()
     }
 
     /// Removes every object (private and public key) with `keyID` as `CKA_ID` or `CKA_LABEL`.

@@ -6,7 +6,7 @@ func exitCode(for error: HSMError) -> ExitCode {
     // A token without a user PIN is a set-up problem, not a failure of signctl.
     if error.returnValue == .userPinNotInitialized { return .config }
     return switch error.code {
-    case .keyNotFound, .keyExists, .keyInvalid, .verificationFailed: .dataError
+    case .keyNotFound, .keyExists, .keyDuplicate, .keyInvalid, .verificationFailed: .dataError
     case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
     case .pinRejected: .noPermission
     case .tokenNotFound, .tokenUnavailable, .sessionUnavailable: .unavailable
@@ -23,6 +23,7 @@ func hint(for error: HSMError) -> String? {
     }
     return switch error.code {
     case .keyExists: "pass --replace to replace the key on the token"
+    case .keyDuplicate: "check that the file is the key App Store Connect lists under the key ID you import it as; if the same key must really carry both key IDs, pass --allow-duplicate-key"
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
     case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made"
     case .pinSourceInsecure: "chmod 0600 the PIN file"
@@ -73,9 +74,9 @@ func keyIDArgument(_ arguments: Arguments) throws -> String {
 }
 
 func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
-    let arguments = try Arguments(words, options: ["key-id"], flags: ["replace", "json", "force-key-id"])
+    let arguments = try Arguments(words, options: ["key-id"], flags: ["replace", "json", "force-key-id", "allow-duplicate-key"])
     if arguments.flag("help") {
-        print("usage: signctl keys import [--key-id ID [--force-key-id]] [--replace] [--json] FILE.p8\n\nThe key ID comes from an AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8 file name unless given.\nA --key-id other than the one in such a name is refused unless --force-key-id is given.")
+        print("usage: signctl keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] [--json] FILE.p8\n\nThe key ID comes from an AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8 file name unless given.\nA --key-id other than the one in such a name is refused unless --force-key-id is given.\nA key already on the token under another key ID is refused (exit 65, naming that key ID)\nunless --allow-duplicate-key is given; --replace of a key ID with its own key is not a duplicate.")
         return .success
     }
     let path = try arguments.positionals(1, "the key file (FILE.p8)")[0]
@@ -98,7 +99,10 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
         throw CommandFailure(.dataError, "key_exists: only a public key object with key ID \(keyID) is on token \(token.label), with no private key (left by an import or a tool that stopped half-way)",
                              hint: "remove it with: signctl keys delete \(keyID) --yes (or pass --replace)")
     }
-    let result = try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"))
+    let result = try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"), allowDuplicateKey: arguments.flag("allow-duplicate-key"))
+    if !result.duplicateOf.isEmpty {
+        FileHandle.standardError.write(Data("note: the same key is also on token \(token.label) as key ID \(result.duplicateOf.joined(separator: ", ")) (--allow-duplicate-key)\n".utf8))
+    }
     if arguments.flag("json") {
         printJSON(KeyImportEntry(key_id: result.keyID, fingerprint: result.publicKey.fingerprint, replaced: result.replaced, token_label: token.label))
     } else {

@@ -9,8 +9,9 @@ usage: signctl [--config FILE] <command> [options]
 Token and keys (talk to the PKCS#11 token named by token_uri in the config):
   token init --label LABEL --pin-file F --so-pin-file F [--module PATH]
                          initialize a development token (SoftHSM); PINs come from 0600 files
-  keys import [--key-id ID [--force-key-id]] [--replace] FILE.p8
-                         import an App Store In-App Purchase key (non-extractable, self-tested)
+  keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] FILE.p8
+                         import an App Store In-App Purchase key (non-extractable, self-tested);
+                         a key already on the token under another key ID is refused (65)
   keys list [--json]     key IDs, curve, public key object, CKA_EXTRACTABLE/CKA_SENSITIVE, fingerprint
   keys export-public KEY_ID
                          the public key as PEM (same bytes as `openssl ec -pubout`)

@@ -118,11 +118,59 @@ struct SignctlKeyIDTests {
         let forced = runSignctl(["--config", config, "keys", "import", "--key-id", "ABC123DEFG", "--force-key-id", named])
         #expect(forced.status == 0, "\(forced.stderr)")
         #expect(forced.stdout.hasPrefix("imported ABC123DEFG"))
+        // One key, one key ID: remove the forced import before the name's.
+        #expect(runSignctl(["--config", config, "keys", "delete", "ABC123DEFG", "--yes"]).status == 0)
         let fromName = runSignctl(["--config", config, "keys", "import", named])
         #expect(fromName.status == 0, "\(fromName.stderr)")
         #expect(fromName.stdout.hasPrefix("imported ZZZ999YYYX"))
         let same = runSignctl(["--config", config, "keys", "import", "--key-id", "ZZZ999YYYX", "--replace", named])
         #expect(same.status == 0, "\(same.stderr)")
+    }
+}
+
+@Suite("signctl keys import: one key, one key ID")
+struct SignctlDuplicateKeyTests {
+    /// The same private key imported under a second key ID went through without a word.
+    @Test("a key already on the token under another key ID is refused (65) naming it; --replace of its own ID works; --allow-duplicate-key imports it")
+    func duplicateKey() throws {
+        let (_, config) = try tokenConfig("dupkey")
+        let files = try TestKeyFiles.make()
+        let other = try TestKeyFiles.make()
+        func importing(_ arguments: [String]) -> (status: Int32, stdout: String, stderr: String) {
+            runSignctl(["--config", config, "keys", "import"] + arguments)
+        }
+        func keyIDs() throws -> [String] {
+            let list = runSignctl(["--config", config, "keys", "list", "--json"])
+            let entries = try #require(try JSONSerialization.jsonObject(with: Data(list.stdout.utf8)) as? [[String: Any]], "\(list.stderr)")
+            return entries.compactMap { $0["key_id"] as? String }
+        }
+        #expect(importing(["--key-id", "DUPKEY0001", files.sec1]).status == 0)
+        // The same key in another form (PKCS#8 without the public key): the public point is what is compared.
+        let refused = importing(["--key-id", "DUPKEY0002", files.pkcs8NoPublicKey])
+        #expect(refused.status == 65, "\(refused.stderr)")
+        #expect(refused.stderr.contains("error: key_duplicate: this key is already on token"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("as key ID DUPKEY0001 ") && refused.stderr.contains("nothing was changed"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("hint: ") && refused.stderr.contains("--allow-duplicate-key"), "\(refused.stderr)")
+        #expect(try keyIDs() == ["DUPKEY0001"], "nothing was created for DUPKEY0002")
+
+        let replaced = importing(["--key-id", "DUPKEY0001", "--replace", "--json", files.sec1])
+        #expect(replaced.status == 0, "\(replaced.stderr)")
+        let entry = try #require(try JSONSerialization.jsonObject(with: Data(replaced.stdout.utf8)) as? [String: Any], "\(replaced.stdout)")
+        #expect(entry["replaced"] as? Bool == true)
+        #expect(replaced.stderr.isEmpty, "\(replaced.stderr)")
+
+        let allowed = importing(["--key-id", "DUPKEY0002", "--allow-duplicate-key", files.sec1])
+        #expect(allowed.status == 0, "\(allowed.stderr)")
+        #expect(allowed.stdout.hasPrefix("imported DUPKEY0002"), "\(allowed.stdout)")
+        #expect(allowed.stderr.contains("note: the same key is also on token") && allowed.stderr.contains("as key ID DUPKEY0001 (--allow-duplicate-key)"), "\(allowed.stderr)")
+        #expect(try keyIDs() == ["DUPKEY0001", "DUPKEY0002"])
+
+        // --replace of a third key ID with this key is still a duplicate, and that key stays.
+        #expect(importing(["--key-id", "DUPKEY0003", other.sec1]).status == 0)
+        let onto = importing(["--key-id", "DUPKEY0003", "--replace", files.sec1])
+        #expect(onto.status == 65, "\(onto.stderr)")
+        #expect(onto.stderr.contains("as key ID DUPKEY0001, DUPKEY0002 "), "\(onto.stderr)")
+        #expect(runSignctl(["--config", config, "keys", "export-public", "DUPKEY0003"]).stdout == other.publicKeyPEM)
     }
 }
 

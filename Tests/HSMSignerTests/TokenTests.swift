@@ -28,7 +28,8 @@ struct TokenTests {
         for (keyID, path) in variants {
             let material = try ECPrivateKeyMaterial(contentsOf: path)
             #expect(material.publicKey == expected, "\(path)")
-            let result = try hsm.importKey(material, keyID: keyID, replace: false)
+            // One key in five forms, so under five key IDs: deliberately a duplicate.
+            let result = try hsm.importKey(material, keyID: keyID, replace: false, allowDuplicateKey: true)
             #expect(result.publicKey == expected)
             let message = Array("variant \(keyID)".utf8)
             let digest = SHA256.hash(message)
@@ -91,6 +92,40 @@ struct TokenTests {
         #expect(try hsm.listKeys().count == 1)
     }
 
+    /// The same key under a second key ID was imported without a word.
+    @Test("a key another key ID holds is refused as key_duplicate before anything is created, also when its CKA_EC_POINT is raw")
+    func duplicateKey() throws {
+        let token = try SoftHSMFixture.shared.makeToken("dupkey")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        let material = try ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple)
+        // A public key object as a vendor tool may leave it: the point raw (65 bytes), not DER-wrapped.
+        let created = try hsm.withReadWriteSession { (session) throws(HSMError) -> PKCS11ReturnValue in
+            hsm.functions.createObject(session, template: [
+                Attribute(P11.classAttribute, ulong: P11.publicKeyClass),
+                Attribute(P11.keyType, ulong: P11.ecKeyType),
+                Attribute(P11.token, bool: true),
+                Attribute(P11.id, Array("VENDOR0001".utf8)),
+                Attribute(P11.ecParams, material.curve.parametersDER),
+                Attribute(P11.ecPoint, material.publicKey.uncompressedPoint),
+            ]).0
+        }
+        try #require(created == .ok)
+        let error = #expect(throws: HSMError.self) { try hsm.importKey(material, keyID: "DUPKEY0001", replace: false) }
+        #expect(error?.code == .keyDuplicate)
+        #expect(error?.keyID == "DUPKEY0001")
+        #expect(error?.message.contains("as key ID VENDOR0001") == true, "\(String(describing: error))")
+        #expect(try hsm.listKeys().isEmpty, "no private key object was created")
+        #expect(try hsm.publicKeyOnlyIDs() == ["VENDOR0001"], "no public key object was created")
+        let allowed = try hsm.importKey(material, keyID: "DUPKEY0001", replace: false, allowDuplicateKey: true)
+        #expect(allowed.duplicateOf == ["VENDOR0001"])
+        // Replacing a key ID with its own key is no duplicate; VENDOR0001 still is.
+        let replaced = try hsm.importKey(material, keyID: "DUPKEY0001", replace: true, allowDuplicateKey: true)
+        #expect(replaced.replaced && replaced.duplicateOf == ["VENDOR0001"])
+        #expect(try hsm.listKeys().map(\.keyID) == ["DUPKEY0001"])
+    }
+
     @Test("P-384, RSA and Ed25519 keys are refused with named errors", arguments: ["p384", "rsa", "ed25519"])
     func refuseOtherKeys(kind: String) throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-otherkeys")
@@ -145,7 +180,7 @@ struct TokenTests {
         defer { hsm.close() }
         let files = try TestKeyFiles.make()
         _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "EXPORTABLE", replace: false, extractable: true)
-        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "GUARDED001", replace: false)
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "GUARDED001", replace: false, allowDuplicateKey: true)
         let key = try #require(try hsm.listKeys().first { $0.keyID == "EXPORTABLE" })
         #expect(key.extractable == true && key.sensitive == false)
         let digest = SHA256.hash(Array("still signs".utf8))
