@@ -8,10 +8,17 @@
  * GET answers with the file KEYS_JSON (a saved `GET /v1/keys` of signerd),
  * which `signctl bench` reads before it starts.
  *
+ * With signerd running on the token (CONFIG its configuration, SOCKET its
+ * socket_path) and FLOOR.json a copy of CONFIG whose socket_path is
+ * /tmp/floor.sock:
+ *
  *   cc -O2 scripts/mhd-sign-floor.c -o /tmp/mhd-sign-floor -lmicrohttpd -lcrypto -ldl -lpthread
- *   curl -s --unix-socket SIGNERD_SOCKET http://localhost/v1/keys > /tmp/keys.json
- *   /tmp/mhd-sign-floor /tmp/floor.sock MODULE.so TOKEN_LABEL KEY_ID PIN_FILE /tmp/keys.json &
- *   signctl --config CONFIG_WITH_socket_path_/tmp/floor.sock bench --concurrency 8 --duration 10
+ *   curl -s --unix-socket SOCKET http://localhost/v1/keys > /tmp/keys.json
+ *   /tmp/mhd-sign-floor /tmp/floor.sock /usr/lib/softhsm/libsofthsm2.so TOKEN_LABEL KEY_ID PIN_FILE /tmp/keys.json &
+ *   signctl --config FLOOR.json bench --concurrency 8 --duration 10
+ *   signctl --config CONFIG bench --concurrency 8 --duration 10
+ *
+ * The PIN is read from PIN_FILE, never from the command line.
  */
 #include <dlfcn.h>
 #include <microhttpd.h>
