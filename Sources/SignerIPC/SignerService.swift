@@ -46,6 +46,8 @@ public final class SignerService: HTTPHandler, Sendable {
     private let forbiddenWarnings = LogThrottle(linesPerWindow: 10, windowSeconds: 10)
     private let groupCache = Locked<[UInt32: (groups: [UInt32], at: UInt64)]>([:])
     private let ownUID = getuid()
+    /// This process: the systemd watchdog's `/healthz` self-check connects from it.
+    private let ownPID = getpid()
     /// `sign_timeout_ms` at start, in seconds (the request deadline is fixed at start too).
     private let signTimeoutSeconds: Double
 
@@ -322,9 +324,12 @@ public final class SignerService: HTTPHandler, Sendable {
         return groups
     }
 
-    /// A token bucket per uid; nil when the request may go ahead.
+    /// A token bucket per uid; nil when the request may go ahead. signerd's
+    /// own watchdog check (a connection from this process) is never
+    /// limited: clients of signerd's uid over the limit would otherwise stop
+    /// its `WATCHDOG=1` pings, and systemd would kill a healthy daemon.
     private func rateLimit(_ peer: PeerCredentials, _ config: SignerConfiguration) -> APIError? {
-        guard config.rateLimitPerSecond > 0 else { return nil }
+        guard config.rateLimitPerSecond > 0, peer.pid != ownPID else { return nil }
         let now = MonotonicClock.now()
         let allowed: Bool = rateBuckets.withLock { buckets in
             var bucket = buckets[peer.uid] ?? (config.rateLimitBurst, now)

@@ -92,6 +92,31 @@ struct SystemdTests {
         #expect(notify.messages(for: 1).contains("STOPPING=1"))
     }
 
+    /// The watchdog's `/healthz` self-check went through the per-uid rate
+    /// limit: clients of signerd's own uid over the limit got its checks
+    /// refused, the pings stopped, and systemd would kill a healthy daemon.
+    @Test("WATCHDOG=1 keeps coming while clients of signerd's own uid are over the rate limit")
+    func watchdogOutsideRateLimit() throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["rate_limit_per_second": 1, "rate_limit_burst": 1])
+        let notify = try NotifyListener(directory: daemon.directory)
+        try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000"])
+        defer { daemon.stop() }
+        _ = notify.messages(for: 5, until: "READY=1")
+        // A client of the same uid (this test runs as the daemon's user) keeps the bucket empty.
+        let client = daemon.client()
+        defer { client.close() }
+        let end = Date().addingTimeInterval(1.5)
+        var limited = 0
+        var pings = 0
+        while Date() < end {
+            if try client.send("GET", "/healthz").status == 429 { limited += 1 }
+            pings += notify.messages(for: 0.05).filter { $0 == "WATCHDOG=1" }.count
+        }
+        #expect(limited >= 3, "the client was over the limit (\(limited) answers were 429)")
+        #expect(pings >= 4, "a ping every 200 ms (half of WATCHDOG_USEC) while over the limit; got \(pings) in 1.5 s")
+    }
+
     @Test("socket activation: signerd takes the listening socket from LISTEN_FDS and leaves it to systemd on exit",
           .enabled(if: hasSocketActivate, "systemd-socket-activate is not installed (Debian package systemd)"))
     func socketActivation() throws {
