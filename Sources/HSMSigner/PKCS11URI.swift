@@ -138,6 +138,40 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         return try PKCS11URI.readPINFile(path)
     }
 
+    /// Checks, without loading the module or touching the token, the files
+    /// opening the token will need: a `module-path` library must be a
+    /// readable regular file, and the PIN must read as ``readPIN()`` reads it
+    /// (the copy read is wiped at once). A PIN file under `/run/credentials/`
+    /// is left unchecked outside the service (systemd's `LoadCredential=`
+    /// makes it only for the service's processes, which get
+    /// `$CREDENTIALS_DIRECTORY`). A `module-name` is not resolved: that
+    /// would load every module p11-kit knows. For `signerd --check-config`.
+    /// - Returns: what was left unchecked and why, for the operator; empty
+    ///   when everything was checked.
+    /// - Throws: ``HSMError/Code/moduleNotFound``,
+    ///   ``HSMError/Code/pinSourceUnreadable``, ``HSMError/Code/pinSourceInsecure``.
+    public func checkFilesBeforeOpening() throws(HSMError) -> [String] {
+        var unchecked: [String] = []
+        if let modulePath {
+            var info = stat()
+            guard stat(modulePath, &info) == 0 else {
+                throw HSMError(.moduleNotFound, "the PKCS#11 module \(modulePath) cannot be found: \(String(cString: strerror(errno)))")
+            }
+            guard (info.st_mode & S_IFMT) == S_IFREG, access(modulePath, R_OK) == 0 else {
+                throw HSMError(.moduleNotFound, "the PKCS#11 module \(modulePath) is not a readable file")
+            }
+        } else if let moduleName {
+            unchecked.append("module-name=\(moduleName) is resolved by p11-kit only when the token is opened")
+        }
+        if p11_kit_uri_get_pin_value(uri) == nil, let path = pinSource.flatMap(PKCS11URI.pinFilePath),
+           path.hasPrefix("/run/credentials/"), getenv("CREDENTIALS_DIRECTORY") == nil {
+            unchecked.append("the PIN file \(path) exists only inside the service (LoadCredential=); it is checked when the service starts")
+        } else {
+            _ = try readPIN()
+        }
+        return unchecked
+    }
+
     /// The PIN file a `pin-source` value names: `file:/abs`, `file:///abs`
     /// or a bare `/abs` path.
     /// - Parameter source: the `pin-source` value, percent-decoded.

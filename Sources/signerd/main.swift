@@ -13,7 +13,8 @@ let usage = """
 usage: signerd [--config FILE] [--check-config]
 
   --config FILE    configuration (default \(SignerConfiguration.defaultPath))
-  --check-config   check the configuration file and exit (0 valid, 78 invalid)
+  --check-config   check the configuration file, the module file and the PIN
+                   file, without opening the token, and exit (0 valid, 78 invalid)
   -h, --help       this help
 
 Signals: SIGTERM/SIGINT stop accepting, finish requests in flight, exit 0;
@@ -58,7 +59,15 @@ func runDaemon() -> Never {
         fail(.config, "config_invalid", logger: Logger(), ["config.path": .string(configPath), "error": .string(error.message)])
     }
     if arguments.flag("check-config") {
+        // The files opening the token needs, short of loading the module or logging in.
+        let unchecked: [String]
+        do throws(HSMError) {
+            unchecked = try PKCS11URI(configuration.tokenURI).checkFilesBeforeOpening()
+        } catch {
+            fail(.config, "config_invalid", logger: Logger(), ["config.path": .string(configPath), "error": .string(error.description)])
+        }
         print("configuration \(configPath) is valid")
+        for note in unchecked { print("note: \(note)") }
         exit(0)
     }
     let logger = Logger(minimumLevel: configuration.logLevel)

@@ -7,8 +7,14 @@ import Testing
 /// Runs the built signctl with `environment` added, never throwing.
 /// - Returns: the exit status, stdout and stderr.
 func runSignctl(_ arguments: [String], environment extra: [String: String] = [:]) -> (status: Int32, stdout: String, stderr: String) {
+    runProgram(Binaries.signctl, arguments, environment: extra)
+}
+
+/// Runs `executable` with `environment` added to this process's, never throwing.
+/// - Returns: the exit status, stdout and stderr.
+func runProgram(_ executable: String, _ arguments: [String], environment extra: [String: String] = [:]) -> (status: Int32, stdout: String, stderr: String) {
     let process = Process()
-    process.executableURL = URL(fileURLWithPath: Binaries.signctl)
+    process.executableURL = URL(fileURLWithPath: executable)
     process.arguments = arguments
     process.environment = ProcessInfo.processInfo.environment.merging(extra) { _, new in new }
     let output = Pipe()

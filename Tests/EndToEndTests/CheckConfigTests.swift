@@ -1,0 +1,70 @@
+import Foundation
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `signerd --check-config` (the unit's `ExecStartPre=`) passed files that
+/// then stopped the start with 78: a PIN file others could read, a missing
+/// PIN file, a missing module. It now checks them without touching the token.
+@Suite("signerd --check-config: the files the start needs")
+struct CheckConfigTests {
+    /// Writes `daemon`'s configuration with `token_uri` changed by `edit`, then runs `--check-config` on it.
+    func checkConfig(_ daemon: DaemonHarness, environment: [String: String] = [:], _ edit: (String) -> String) throws -> (status: Int32, stdout: String, stderr: String) {
+        try daemon.writeConfig(["token_uri": edit(daemon.tokenURI)])
+        return runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: environment)
+    }
+
+    /// The PIN file `daemon`'s token URI names.
+    func pinPath(_ daemon: DaemonHarness) throws -> String {
+        let source = try #require(daemon.tokenURI.split(separator: "&").first { $0.hasPrefix("pin-source=") }).dropFirst("pin-source=".count)
+        return String(source).removingPercentEncoding.map { $0.hasPrefix("file:") ? String($0.dropFirst(5)) : $0 } ?? ""
+    }
+
+    @Test("a PIN file others may read, a missing PIN file and a missing module are 78 with the reason; a good file is 0")
+    func filesChecked() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        let pin = try pinPath(daemon)
+        #expect(FileManager.default.fileExists(atPath: pin), "\(pin)")
+
+        let good = try checkConfig(daemon) { $0 }
+        #expect(good.status == 0, "\(good.stderr)")
+        #expect(good.stdout.contains("is valid") && !good.stdout.contains("note:"), "\(good.stdout)")
+
+        chmod(pin, 0o644)
+        let readable = try checkConfig(daemon) { $0 }
+        #expect(readable.status == 78, "\(readable.stdout)")
+        #expect(readable.stderr.contains("pin_source_insecure") || readable.stderr.contains("readable or writable by other users"), "\(readable.stderr)")
+        chmod(pin, 0o600)
+
+        let missingPIN = try checkConfig(daemon) { $0.replacingOccurrences(of: pin, with: daemon.directory + "/no-such-pin") }
+        #expect(missingPIN.status == 78)
+        #expect(missingPIN.stderr.contains("no-such-pin") && missingPIN.stderr.contains("No such file"), "\(missingPIN.stderr)")
+
+        let missingModule = try checkConfig(daemon) { uri in
+            let path = uri.split(separator: "&").flatMap { $0.split(separator: "?") }.first { $0.hasPrefix("module-path=") } ?? ""
+            return uri.replacingOccurrences(of: String(path), with: "module-path=/usr/lib/libnothere-pkcs11.so")
+        }
+        #expect(missingModule.status == 78)
+        #expect(missingModule.stderr.contains("libnothere-pkcs11.so"), "\(missingModule.stderr)")
+        #expect(!missingModule.stderr.contains(try String(contentsOfFile: pin, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)), "no PIN in the output")
+    }
+
+    @Test("a PIN file from LoadCredential= is left to the service's start, with a note, outside the service")
+    func credentialsOutsideTheService() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        let pin = try pinPath(daemon)
+        let outside = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", Binaries.signerd, "--config", daemon.configPath, "--check-config"])
+        #expect(outside.status == 0, "\(outside.stderr)")
+        try daemon.writeConfig(["token_uri": daemon.tokenURI.replacingOccurrences(of: pin, with: "/run/credentials/signerd.service/pin")])
+        let noted = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", Binaries.signerd, "--config", daemon.configPath, "--check-config"])
+        #expect(noted.status == 0, "\(noted.stderr)")
+        #expect(noted.stdout.contains("note: the PIN file /run/credentials/signerd.service/pin exists only inside the service"), "\(noted.stdout)")
+        // Inside the service ($CREDENTIALS_DIRECTORY set) the file is checked.
+        let inside = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: ["CREDENTIALS_DIRECTORY": "/run/credentials/signerd.service"])
+        #expect(inside.status == 78, "\(inside.stdout)")
+        #expect(inside.stderr.contains("/run/credentials/signerd.service/pin"), "\(inside.stderr)")
+    }
+}
