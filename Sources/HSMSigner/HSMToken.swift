@@ -164,7 +164,7 @@ public final class HSMToken: @unchecked Sendable {
             open: { functions.openSession(slot: $0, readWrite: false) },
             close: { functions.closeSession($0) })
         do {
-            try login(afterGeneration: nil)
+            try login(afterGeneration: nil, opening: true)
         } catch {
             close()
             throw error
@@ -229,9 +229,14 @@ public final class HSMToken: @unchecked Sendable {
     /// Logs the user in, unless another thread already did since
     /// `generation` was observed. Uses a dedicated anchor session that keeps
     /// the login alive while pool sessions come and go.
+    /// - Parameters:
+    ///   - generation: the login generation the caller saw fail; nil to log in regardless.
+    ///   - opening: true for the first login, from `init`: a refused PIN is
+    ///     then reported by the caller (signerd exits 77, signctl prints it),
+    ///     not logged here with a hint to reload a daemon that is not running.
     /// - Throws: ``HSMError/Code/pinRejected`` without calling `C_Login` when
     ///   the PIN was already refused.
-    private func login(afterGeneration generation: UInt64?) throws(HSMError) {
+    private func login(afterGeneration generation: UInt64?, opening: Bool = false) throws(HSMError) {
         try loginLock.withLock { (_) throws(HSMError) in
             let (current, status, slot, label, oldAnchor) = state.withLock { ($0.loginGeneration, $0.status, $0.slot, $0.label, $0.anchorSession) }
             if case .pinRejected(let rv) = status {
@@ -270,7 +275,7 @@ public final class HSMToken: @unchecked Sendable {
                 logger.debug("token_login", ["token.label": .string(label)])
             case _ where PKCS11ReturnValue.pinFailures.contains(rv):
                 state.withLock { $0.status = .pinRejected(rv) }
-                logger.critical("pin_rejected", ["token.label": .string(label), "p11.rv": .string(rv.name), "hint": "fix the PIN source, then reload (SIGHUP), or restart when systemd passes the PIN with LoadCredential=; no further login is attempted"])
+                if !opening { logger.critical("pin_rejected", ["token.label": .string(label), "p11.rv": .string(rv.name), "hint": "fix the PIN source, then reload (SIGHUP), or restart when systemd passes the PIN with LoadCredential=; no further login is attempted"]) }
                 throw HSMError(pkcs11: .login, rv, message: "the token refused the PIN; not retrying, since tokens lock after a few wrong PINs", tokenLabel: label)
             default:
                 throw HSMError(pkcs11: .login, rv, message: "cannot log in", tokenLabel: label)

@@ -89,6 +89,10 @@ func runDaemon() -> Never {
         }
         // p11.rv only when a PKCS#11 call failed (not for a PIN file signerd refused itself).
         if let rv = error.returnValue {
+            if error.code == .pinRejected {
+                fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(rv.name),
+                                                                 "hint": "fix the PIN source, then start signerd again; signerd made one C_Login and no more, since tokens lock after a few wrong PINs"])
+            }
             fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(rv.name)])
         }
         fail(code, "token_open_failed", logger: logger, ["error": .string(error.description)])

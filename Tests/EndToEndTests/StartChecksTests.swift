@@ -58,13 +58,40 @@ struct CheckConfigTests {
         let pin = try pinPath(daemon)
         let outside = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", Binaries.signerd, "--config", daemon.configPath, "--check-config"])
         #expect(outside.status == 0, "\(outside.stderr)")
-        try daemon.writeConfig(["token_uri": daemon.tokenURI.replacingOccurrences(of: pin, with: "/run/credentials/signerd.service/pin")])
+        // A service name of its own: this host may run a real signerd.service.
+        let credential = "/run/credentials/signerd-test-\(UUID().uuidString).service/pin"
+        try daemon.writeConfig(["token_uri": daemon.tokenURI.replacingOccurrences(of: pin, with: credential)])
         let noted = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", Binaries.signerd, "--config", daemon.configPath, "--check-config"])
         #expect(noted.status == 0, "\(noted.stderr)")
-        #expect(noted.stdout.contains("note: the PIN file /run/credentials/signerd.service/pin exists only inside the service"), "\(noted.stdout)")
+        #expect(noted.stdout.contains("note: the PIN file \(credential) exists only inside the service"), "\(noted.stdout)")
         // Inside the service ($CREDENTIALS_DIRECTORY set) the file is checked.
-        let inside = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: ["CREDENTIALS_DIRECTORY": "/run/credentials/signerd.service"])
+        let inside = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: ["CREDENTIALS_DIRECTORY": (credential as NSString).deletingLastPathComponent])
         #expect(inside.status == 78, "\(inside.stdout)")
-        #expect(inside.stderr.contains("/run/credentials/signerd.service/pin"), "\(inside.stderr)")
+        #expect(inside.stderr.contains(credential), "\(inside.stderr)")
+    }
+}
+
+/// A PIN the token refuses when signerd or signctl opens it: the only report
+/// is the caller's, with advice that fits a process that is not running.
+@Suite("a PIN refused when the token is opened")
+struct PINRefusedAtOpenTests {
+    @Test("signerd exits 77 with token_open_failed telling to start again, not to reload; signctl prints only its own error")
+    func refusedAtStart() throws {
+        let daemon = try DaemonHarness()
+        let pin = try CheckConfigTests().pinPath(daemon)
+        let right = try String(contentsOfFile: pin, encoding: .utf8)
+        try writeSecretFile(pin, String(repeating: "9", count: right.trimmingCharacters(in: .whitespacesAndNewlines).count) + "\n")
+        defer { try? writeSecretFile(pin, right) }
+
+        let start = runProgram(Binaries.signerd, ["--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(start.status == 77, "\(start.stderr)")
+        let failed = start.stderr.split(separator: "\n").filter { $0.contains("\"token_open_failed\"") }
+        #expect(failed.count == 1 && failed[0].contains("CKR_PIN_INCORRECT") && failed[0].contains("start signerd again"), "\(start.stderr)")
+        #expect(!start.stderr.contains("SIGHUP") && !start.stderr.contains("\"pin_rejected\""), "no advice to reload a daemon that exits: \(start.stderr)")
+
+        let list = runSignctl(["--config", daemon.configPath, "keys", "list"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(list.status == 77, "\(list.stderr)")
+        #expect(list.stderr.hasPrefix("error: "), "signctl's own error first, no daemon log line: \(list.stderr)")
+        #expect(!list.stderr.contains("SIGHUP"), "\(list.stderr)")
     }
 }
