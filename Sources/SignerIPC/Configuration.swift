@@ -96,7 +96,9 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var maxConnectionsPerUID: Int?
     /// Settings that are valid but probably not meant, each as a log event
     /// name and a hint: a socket any local user may connect to
-    /// (`socket_mode` with the "other" bits), and no keys.
+    /// (`socket_mode` with the "other" bits), no keys, and a bundle ID that
+    /// several keys serve with none of them `default_key_id` (its requests
+    /// must name `key_id`; `/v1/offers`, which cannot, answers 7234).
     public var advisories: [(event: String, hint: String)] {
         var found: [(event: String, hint: String)] = []
         if socketMode & 0o006 != 0 {
@@ -104,6 +106,13 @@ public struct SignerConfiguration: Sendable, Equatable {
         }
         if keys.isEmpty {
             found.append(("no_keys_configured", "keys is empty: every signing request gets 403 bundle_not_allowed until a key is added and signerd reloaded"))
+        }
+        var servedBy: [String: [String]] = [:]
+        for key in keys {
+            for bundleID in key.bundleIDs { servedBy[bundleID, default: []].append(key.keyID) }
+        }
+        for (bundleID, keyIDs) in servedBy.sorted(by: { $0.key < $1.key }) where keyIDs.count > 1 && !keyIDs.contains(defaultKeyID ?? "") {
+            found.append(("bundle_key_ambiguous", "bundle_id \(bundleID) is served by keys \(keyIDs.joined(separator: ", ")) and none is default_key_id: its signing requests must name key_id, and /v1/offers (which cannot) answers 7234 for every offer; set default_key_id to one of them"))
         }
         return found
     }

@@ -68,6 +68,7 @@ func runDaemon() -> Never {
         }
         print("configuration \(configPath) is valid")
         for note in unchecked { print("note: \(note)") }
+        for advisory in configuration.advisories { print("warning: \(advisory.event): \(advisory.hint)") }
         exit(0)
     }
     let logger = Logger(minimumLevel: configuration.logLevel)

@@ -32,6 +32,7 @@ struct CheckConfigTests {
         let good = try checkConfig(daemon) { $0 }
         #expect(good.status == 0, "\(good.stderr)")
         #expect(good.stdout.contains("is valid") && !good.stdout.contains("note:"), "\(good.stdout)")
+        #expect(good.stdout.contains("warning: socket_open_to_all_users: "), "advisories are shown too: \(good.stdout)")
 
         chmod(pin, 0o644)
         let readable = try checkConfig(daemon) { $0 }

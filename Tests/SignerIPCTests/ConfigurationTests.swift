@@ -11,6 +11,22 @@ struct ConfigurationTests {
         try SignerConfiguration.parse(Array(json.utf8))
     }
 
+    /// Two keys for one bundle without `default_key_id` passed the check
+    /// and the reload silently; then every `/v1/offers` for it got 7234.
+    @Test("a bundle several keys serve with none of them default_key_id is an advisory naming the bundle and the keys")
+    func ambiguousBundle() throws {
+        let keys = """
+        "keys": [{"key_id": "ABC123DEFG", "bundle_ids": ["com.example.app", "com.example.solo"]},
+                 {"key_id": "XYZ987WVUT", "bundle_ids": ["com.example.app"]}]
+        """
+        let ambiguous = try parse(#"{"token_uri": "\#(Self.uri)", \#(keys)}"#).advisories.filter { $0.event == "bundle_key_ambiguous" }
+        #expect(ambiguous.count == 1)
+        #expect(ambiguous.first?.hint.contains("bundle_id com.example.app is served by keys ABC123DEFG, XYZ987WVUT") == true, "\(ambiguous)")
+        #expect(ambiguous.first?.hint.contains("7234") == true)
+        let settled = try parse(#"{"token_uri": "\#(Self.uri)", \#(keys), "default_key_id": "XYZ987WVUT"}"#)
+        #expect(!settled.advisories.contains { $0.event == "bundle_key_ambiguous" })
+    }
+
     @Test("a full configuration parses with its values")
     func full() throws {
         let config = try parse("""
