@@ -155,9 +155,11 @@ public enum AppleFields {
     ///   - timestamp: the value given, milliseconds since 1970-01-01 UTC.
     ///   - now: the current time in milliseconds.
     /// - Throws: ``FieldError`` `invalid_field` (`timestamp`); a value that
-    ///   looks like seconds (10 digits) gets a message saying milliseconds are expected.
+    ///   is in the window once multiplied by 1000 (seconds given for
+    ///   milliseconds) gets a message saying so.
     public static func checkTimestamp(_ timestamp: Int64, now: Int64) throws(FieldError) {
-        if timestamp > 0, timestamp < 100_000_000_000 {
+        let window = (now - timestampMaximumAge)...(now + timestampMaximumSkew)
+        if timestamp > 0, timestamp < Int64.max / 1000, window.contains(timestamp * 1000) {
             throw .invalid("timestamp", "timestamp must be UNIX time in milliseconds (13 digits); \(timestamp) looks like seconds — multiply by 1000")
         }
         if timestamp < now - timestampMaximumAge {

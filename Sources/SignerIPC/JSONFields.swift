@@ -214,7 +214,8 @@ public enum JSONValue: Sendable, Equatable, Codable {
         switch self {
         case .null: "null"
         case .bool: "a boolean"
-        case .integer, .number: "a number"
+        case .integer: "a number"
+        case .number(let value): "a number written with a fraction or an exponent (\(value))"
         case .string: "a string"
         case .array: "an array"
         case .object: "an object"

@@ -343,7 +343,7 @@ public final class SignerService: HTTPHandler, Sendable {
         }
         guard !allowed else { return nil }
         metrics.count("rate_limited")
-        var error = APIError(.rateLimited, "uid \(peer.uid) is over \(config.rateLimitPerSecond) requests per second")
+        var error = APIError(.rateLimited, "uid \(peer.uid) is over \(Int(config.rateLimitPerSecond)) requests per second (rate_limit_per_second)")
         error.retryAfter = 1
         return error
     }

@@ -110,7 +110,12 @@ struct SystemdTests {
         var limited = 0
         var pings = 0
         while Date() < end {
-            if try client.send("GET", "/healthz").status == 429 { limited += 1 }
+            let answer = try client.send("GET", "/healthz")
+            if answer.status == 429 {
+                limited += 1
+                let text = String(decoding: answer.body, as: UTF8.self)
+                #expect(text.contains("is over 1 requests per second (rate_limit_per_second)"), "the setting as written: \(text)")
+            }
             pings += notify.messages(for: 0.05).filter { $0 == "WATCHDOG=1" }.count
         }
         #expect(limited >= 3, "the client was over the limit (\(limited) answers were 429)")

@@ -82,6 +82,10 @@ struct PromotionalOfferPayloadTests {
         #expect(seconds?.field == "timestamp")
         #expect(seconds?.message.contains("milliseconds") == true)
         #expect(seconds?.message.contains("seconds") == true)
+        // 11 digits: times 1000 is not a time Apple accepts either, so no advice to multiply.
+        let eleven = #expect(throws: FieldError.self) { try AppleFields.checkTimestamp(17_908_009_140, now: now) }
+        #expect(eleven?.message.contains("multiply") == false, "\(eleven?.message ?? "")")
+        #expect(eleven?.message.contains("24 hours in the past") == true, "\(eleven?.message ?? "")")
         let old = #expect(throws: FieldError.self) { try AppleFields.checkTimestamp(now - AppleFields.timestampMaximumAge - 1, now: now) }
         #expect(old?.message.contains("24 hours") == true)
         let future = #expect(throws: FieldError.self) { try AppleFields.checkTimestamp(now + AppleFields.timestampMaximumSkew + 1, now: now) }

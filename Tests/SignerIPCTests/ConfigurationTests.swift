@@ -27,6 +27,13 @@ struct ConfigurationTests {
         #expect(!settled.advisories.contains { $0.event == "bundle_key_ambiguous" })
     }
 
+    @Test("a fraction where a whole number belongs is named with its value")
+    func fractionNamed() throws {
+        let error = #expect(throws: ConfigurationError.self) { try parse(#"{"token_uri": "\#(Self.uri)", "rate_limit_per_second": 1.5}"#) }
+        #expect(error?.message.contains("rate_limit_per_second") == true, "\(error?.message ?? "")")
+        #expect(error?.message.contains("got a number written with a fraction or an exponent (1.5)") == true, "\(error?.message ?? "")")
+    }
+
     @Test("a full configuration parses with its values")
     func full() throws {
         let config = try parse("""
