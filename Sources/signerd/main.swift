@@ -31,6 +31,22 @@ func fail(_ code: ExitCode, _ message: String, logger: Logger? = nil, _ metadata
     exit(code.rawValue)
 }
 
+/// Gives every key in `keys` a test signature (``HSMToken/selfTest(keyID:)``)
+/// and logs `key_unusable`, with a hint, for each one that fails.
+/// - Returns: the key IDs that failed.
+func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger) -> [String] {
+    var failed: [String] = []
+    for key in keys {
+        do {
+            try token.selfTest(keyID: key.keyID)
+        } catch {
+            failed.append(key.keyID)
+            logger.error("key_unusable", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue), "hint": "import it with signctl keys import; /readyz reports it until then"])
+        }
+    }
+    return failed
+}
+
 /// The daemon: everything after the process starts, in a function rather
 /// than top-level code (whose globals made the optimizer run away in release).
 func runDaemon() -> Never {
@@ -100,15 +116,7 @@ func runDaemon() -> Never {
     }
 
     // Prove every configured key signs before telling systemd we are ready.
-    var keyProblems: [String] = []
-    for key in configuration.keys {
-        do {
-            try token.selfTest(keyID: key.keyID)
-        } catch {
-            keyProblems.append(key.keyID)
-            logger.error("key_unusable", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue), "hint": "import it with signctl keys import; /readyz reports it until then"])
-        }
-    }
+    let keyProblems = selfTest(configuration.keys, token: token, logger: logger)
 
     let metrics = Metrics()
     let service = SignerService(configuration: configuration, token: token, logger: logger, metrics: metrics)
@@ -185,6 +193,9 @@ func runDaemon() -> Never {
                 try service.reload(fresh)
                 logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count))])
                 for advisory in fresh.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
+                // As at start, a key that cannot sign is named now rather than by the first request;
+                // on a thread of its own, so a slow token cannot hold up the next signal.
+                OSThread.start { _ = selfTest(fresh.keys, token: token, logger: logger) }
             } catch {
                 logger.error("config_reload_refused", ["error": .string("\(error)"), "hint": "the previous configuration stays in effect"])
             }

@@ -96,3 +96,24 @@ struct PINRefusedAtOpenTests {
         #expect(!list.stderr.contains("SIGHUP"), "\(list.stderr)")
     }
 }
+
+/// A reload that added a key not on the token logged only `config_reloaded`;
+/// at start the same key is named by `key_unusable`.
+@Suite("a reload tests its keys as the start does")
+struct ReloadKeyCheckTests {
+    @Test("a key added by a reload but missing from the token is logged as key_unusable; the keys on the token still sign")
+    func missingKeyNamed() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        var config = daemon.config
+        config["keys"] = [["key_id": "ABC123DEFG", "bundle_ids": ["com.example.app"]], ["key_id": "MISSING001", "bundle_ids": ["com.example.missing"]]]
+        try daemon.writeConfig(config)
+        #expect(daemon.reload())
+        let unusable = daemon.logged { $0.contains("\"key_unusable\"") && $0.contains("\"key.id\":\"MISSING001\"") }
+        #expect(unusable.count == 1 && unusable[0].contains("signctl keys import"), "\(unusable)")
+        #expect(daemon.logged(within: 0.5) { $0.contains("\"key_unusable\"") && $0.contains("ABC123DEFG") }.isEmpty, "the key on the token passed")
+        let publicKey = try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM
+        #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey))
+    }
+}
