@@ -334,7 +334,7 @@ public struct FieldReader {
     static func parseJSONText(_ body: [UInt8], fragmentsAllowed: Bool = false) throws(JSONTextProblem) -> Any {
         if let problem = notUTF8(body) { throw .notUTF8(problem) }
         do {
-            return try JSONSerialization.jsonObject(with: Data(body), options: fragmentsAllowed ? .fragmentsAllowed : [])
+            return try JSONSerialization.jsonObject(with: Data(escapingByteOrderMarks(body)), options: fragmentsAllowed ? .fragmentsAllowed : [])
         } catch {
             // The parser says where and why ("Too many nested arrays or dictionaries around character 513.").
             // It can quote the input (a 60,000-digit number whole): keep the reason short.
@@ -346,6 +346,40 @@ public struct FieldReader {
     static func shortened(_ text: String) -> String {
         guard text.count > 200 else { return text }
         return "\(text.prefix(200))… (\(text.count - 200) more characters)"
+    }
+
+    /// `body` with each U+FEFF written as raw UTF-8 inside a string replaced
+    /// by its escape `\ufeff`. Foundation's parser decodes the raw stretches
+    /// of a string (from its start, and after each escape) as if each were
+    /// a file, and drops a U+FEFF that begins one as a byte-order mark, so
+    /// `"\u{FEFF}abc"` would be signed as `abc`; the escape is the same
+    /// character and is kept. Marks outside strings, or right after a
+    /// backslash, are left alone: they are not JSON either way.
+    static func escapingByteOrderMarks(_ body: [UInt8]) -> [UInt8] {
+        guard body.contains(0xEF) else { return body }
+        var out: [UInt8] = []
+        out.reserveCapacity(body.count + 16)
+        var inString = false
+        var index = 0
+        while index < body.count {
+            let byte = body[index]
+            if inString && byte == UInt8(ascii: "\\") && index + 1 < body.count {
+                out.append(byte)
+                out.append(body[index + 1])
+                index += 2
+                continue
+            }
+            if byte == UInt8(ascii: "\"") {
+                inString.toggle()
+            } else if inString && byte == 0xEF && index + 2 < body.count && body[index + 1] == 0xBB && body[index + 2] == 0xBF {
+                out.append(contentsOf: Array("\\ufeff".utf8))
+                index += 3
+                continue
+            }
+            out.append(byte)
+            index += 1
+        }
+        return out
     }
 
     /// Why `body` is not UTF-8 JSON text, or nil: a byte-order mark, a NUL
@@ -494,7 +528,7 @@ public struct FieldReader {
 
     /// A JSON string's content with its escapes decoded (by JSONSerialization).
     private static func decodedString(_ raw: ArraySlice<UInt8>) -> String {
-        let literal = [UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")]
+        let literal = escapingByteOrderMarks([UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")])
         return (try? JSONSerialization.jsonObject(with: Data(literal), options: .fragmentsAllowed) as? String) ?? String(decoding: raw, as: UTF8.self)
     }
 

@@ -129,6 +129,38 @@ struct JWSTests {
         #expect(String(decoding: decoded, as: UTF8.self).contains("0f3a-é"), "UTF-8, not escaped")
     }
 
+    /// Foundation's JSON parser drops a U+FEFF written as raw UTF-8 at the
+    /// start of a string (it decodes each string as if it were a file with
+    /// a byte-order mark), so `"\u{FEFF}abc"` was signed as `abc`.
+    @Test("a U+FEFF sent as raw UTF-8 at the start of a string is signed as sent, never dropped")
+    func rawByteOrderMarkInStrings() throws {
+        let bom = "\u{FEFF}"
+        let v2 = try daemon.client().send("POST", "/v1/sign/promotional-offer-v2",
+                                          body: Array(#"{"bundle_id":"com.example.app","product_id":"\#(bom)pro","offer_id":"\#(bom)o"}"#.utf8))
+        #expect(v2.status == 200, "\(String(decoding: v2.body, as: UTF8.self))")
+        let offer = try decodeAndVerify(try v2.decode(JWSResponse.self).jws)
+        // The claims text, not a parse of it: Foundation's parser would drop the mark again.
+        #expect(offer.claimsText.contains(#""offerIdentifier":"\#(bom)o","productId":"\#(bom)pro""#), "\(offer.claimsText)")
+
+        let commerce = try daemon.client().send("POST", "/v1/sign/advanced-commerce-request",
+                                                body: Array(#"{"bundle_id":"com.example.app","request":{"sku":"\#(bom)x","\#(bom)k":1}}"#.utf8))
+        #expect(commerce.status == 200, "\(String(decoding: commerce.body, as: UTF8.self))")
+        let request = try #require(try decodeAndVerify(try commerce.decode(JWSResponse.self).jws).claims["request"] as? String)
+        #expect(String(decoding: try #require(Data(base64Encoded: request)), as: UTF8.self) == #"{"sku":"\#(bom)x","\#(bom)k":1}"#)
+
+        // The allow-list compares bytes: a bundle ID that is not the configured one is not signed for it.
+        let bundle = try daemon.client().send("POST", "/v1/sign/promotional-offer-v2",
+                                              body: Array(#"{"bundle_id":"\#(bom)com.example.app","product_id":"p","offer_id":"o"}"#.utf8))
+        #expect(bundle.status == 403, "\(String(decoding: bundle.body, as: UTF8.self))")
+        #expect(bundle.error?.code == "bundle_not_allowed")
+        // A member name that only looks like a field is not taken for it.
+        let name = try daemon.client().send("POST", "/v1/sign/promotional-offer-v2",
+                                            body: Array(#"{"bundle_id":"com.example.app","\#(bom)product_id":"p","offer_id":"o"}"#.utf8))
+        #expect(name.status == 400)
+        #expect(name.error?.code == "unknown_field")
+        try expectServing(daemon)
+    }
+
     @Test("App Store Server API token: iat backdated by the skew, exp − iat ≤ 3600, default life 300 s")
     func serverAPIToken() throws {
         let now = nowSeconds()

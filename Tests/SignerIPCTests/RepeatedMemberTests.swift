@@ -114,3 +114,45 @@ struct RepeatedMemberTests {
         #expect(request["zero"] == .integer(0))
     }
 }
+
+/// A U+FEFF sent as raw UTF-8 at the start of a string is kept (Foundation's
+/// parser would drop it as a byte-order mark), and nothing that was not JSON
+/// becomes JSON on the way.
+@Suite("U+FEFF at the start of a string")
+struct LeadingByteOrderMarkTests {
+    static let mark = "\u{FEFF}"
+
+    func object(_ body: String) throws -> [String: JSONValue] {
+        _ = try FieldReader(json: Array(body.utf8), allowed: ["request"])
+        guard case .object(let members)? = try JSONValue(foundation: FieldReader.parseJSONText(Array(body.utf8)), path: "") as JSONValue? else {
+            throw APIError(.invalidJSON, "not an object")
+        }
+        return members
+    }
+
+    @Test("kept at the start of a value, after an escaped quote or another escape, and twice in a row")
+    func kept() throws {
+        let members = try object(#"{"request":{"a":"\#(Self.mark)x","b":"\"\#(Self.mark)y","c":"\#(Self.mark)\#(Self.mark)z","d":"\n\#(Self.mark)w","e":"\ufeff\#(Self.mark)v"}}"#)
+        #expect(members["request"] == .object(["a": .string(Self.mark + "x"), "b": .string("\"" + Self.mark + "y"), "c": .string(Self.mark + Self.mark + "z"),
+                                               "d": .string("\n" + Self.mark + "w"), "e": .string(Self.mark + Self.mark + "v")]))
+    }
+
+    @Test("a member name with the mark is another name, and the same name spelled raw and escaped is a repeat")
+    func names() throws {
+        #expect(throws: APIError.self) { try FieldReader(json: Array(#"{"\#(Self.mark)request":{}}"#.utf8), allowed: ["request"]) }
+        do {
+            _ = try FieldReader(json: Array(#"{"request":{"\#(Self.mark)k":1,"\ufeffk":2}}"#.utf8), allowed: ["request"])
+            Issue.record("a repeated name was accepted")
+        } catch {
+            #expect(error.code == .invalidJSON)
+            #expect(error.field == "request.\(Self.mark)k")
+        }
+    }
+
+    @Test("still refused where the mark is not JSON: after a backslash, outside strings")
+    func stillInvalid() {
+        for body in [#"{"request":{"a":"\\#(Self.mark)"}}"#, #"{"request":{"a":"x"\#(Self.mark)}}"#, #"{"request":\#(Self.mark){}}"#] {
+            #expect(throws: APIError.self, "\(body)") { try FieldReader(json: Array(body.utf8), allowed: ["request"]) }
+        }
+    }
+}
