@@ -39,7 +39,9 @@ public final class SignerService: HTTPHandler, Sendable {
     public let metrics: Metrics
     let logger: Logger
     private let current: Locked<SignerConfiguration>
-    private let readiness = Locked<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64, status: TokenStatus)?>(nil)
+    /// The last readiness result, with the key IDs it checked: a check that
+    /// began before a reload must not answer for the configuration after it.
+    private let readiness = Locked<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64, status: TokenStatus, keyIDs: [String])?>(nil)
     private let readinessRefresh = Locked(())
     private let rateBuckets = Locked<[UInt32: (tokens: Double, at: UInt64)]>([:])
     /// A refused peer sending in a loop must not write a log line per request.
@@ -551,10 +553,12 @@ public final class SignerService: HTTPHandler, Sendable {
     /// probes cannot load the HSM, and only one check runs at a time.
     func checkReadiness(_ config: SignerConfiguration) -> (Bool, ReadinessResponse) {
         let maxAge = UInt64(config.readinessCacheSeconds * 1e9)
-        // A cached answer holds while it is young and the token has not changed state since.
+        let keyIDs = config.keys.map(\.keyID)
+        // A cached answer holds while it is young, the token has not changed
+        // state since, and it checked the keys configured now.
         func fresh() -> (Bool, ReadinessResponse)? {
             guard let cached = readiness.withLock({ $0 }), MonotonicClock.nanoseconds(from: cached.checkedAt, to: MonotonicClock.now()) <= maxAge,
-                  cached.status == token.status else { return nil }
+                  cached.status == token.status, cached.keyIDs == keyIDs else { return nil }
             return (cached.ready, cached.response)
         }
         if let cached = fresh() { return cached }
@@ -562,7 +566,7 @@ public final class SignerService: HTTPHandler, Sendable {
             if let cached = fresh() { return cached }
             let status = token.status
             let (ready, response) = runReadinessChecks(config)
-            readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status) }
+            readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status, keyIDs) }
             return (ready, response)
         }
     }
