@@ -42,7 +42,8 @@ public final class SignerService: HTTPHandler, Sendable {
     /// The last readiness result, with the key IDs it checked: a check that
     /// began before a reload must not answer for the configuration after it.
     private let readiness = Locked<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64, status: TokenStatus, keyIDs: [String])?>(nil)
-    private let readinessRefresh = Locked(())
+    /// The readiness check now running, if any: only one runs at a time.
+    private let readinessRun = ReadinessRun()
     private let rateBuckets = Locked<[UInt32: (tokens: Double, at: UInt64)]>([:])
     /// A refused peer sending in a loop must not write a log line per request.
     private let forbiddenWarnings = LogThrottle(linesPerWindow: 10, windowSeconds: 10)
@@ -561,14 +562,50 @@ public final class SignerService: HTTPHandler, Sendable {
                   cached.status == token.status, cached.keyIDs == keyIDs else { return nil }
             return (cached.ready, cached.response)
         }
-        if let cached = fresh() { return cached }
-        return readinessRefresh.withLock { _ in
+        // Probes wait for a check already running and share its result, but
+        // not past sign_timeout_ms from its start: a check still running then
+        // is stuck in a call the watchdog writes off, and a probe waiting
+        // behind it until its own deadline would get the watchdog's 503,
+        // which marks the token down again.
+        let limit = UInt64(signTimeoutSeconds * 1e9)
+        while true {
             if let cached = fresh() { return cached }
-            let status = token.status
-            let (ready, response) = runReadinessChecks(config)
-            readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status, keyIDs) }
-            return (ready, response)
+            enum Turn { case mine, again, stuck(UInt64) }
+            let turn: Turn = readinessRun.lock.withLock {
+                guard let started = readinessRun.startedAt else {
+                    readinessRun.startedAt = MonotonicClock.now()
+                    return .mine
+                }
+                if MonotonicClock.now() >= started + limit { return .stuck(started) }
+                readinessRun.lock.wait(untilMonotonic: started + limit)
+                return .again
+            }
+            switch turn {
+            case .again:
+                continue
+            case .stuck(let started):
+                return stuckReadiness(config, runningMs: MonotonicClock.nanoseconds(from: started, to: MonotonicClock.now()) / 1_000_000)
+            case .mine:
+                let status = token.status
+                let (ready, response) = runReadinessChecks(config)
+                readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status, keyIDs) }
+                readinessRun.lock.withLock {
+                    readinessRun.startedAt = nil
+                    readinessRun.lock.broadcast()
+                }
+                return (ready, response)
+            }
         }
+    }
+
+    /// Not ready, on every key, because the readiness check before this one
+    /// has been running for `runningMs` (past `sign_timeout_ms`).
+    private func stuckReadiness(_ config: SignerConfiguration, runningMs: UInt64) -> (Bool, ReadinessResponse) {
+        let reason = "a readiness check has been running for \(runningMs) ms (a PKCS#11 call did not return)"
+        let now = AppleFields.nowMilliseconds()
+        return (false, ReadinessResponse(status: "not_ready", reason: reason,
+                                         keys: config.keys.map { .init(keyID: $0.keyID, ok: false, lastCheckMs: now, error: reason) },
+                                         error: .init(code: APIError.Code.hsmUnavailable.rawValue, message: reason)))
     }
 
     private func runReadinessChecks(_ config: SignerConfiguration) -> (Bool, ReadinessResponse) {
@@ -614,4 +651,13 @@ public final class SignerService: HTTPHandler, Sendable {
         return (false, ReadinessResponse(status: "not_ready", reason: reason, keys: keys,
                                          error: .init(code: APIError.Code.hsmUnavailable.rawValue, message: reason)))
     }
+}
+
+/// One readiness check at a time: when the running one began, and the lock
+/// whose condition wakes the probes waiting for its result.
+private final class ReadinessRun: @unchecked Sendable {
+    // `startedAt` is only touched with `lock` held.
+    let lock = ConditionLock()
+    /// ``MonotonicClock`` nanoseconds when the running check began; nil when none runs.
+    var startedAt: UInt64?
 }

@@ -16,7 +16,7 @@ import Glibc
 struct ReloadReadinessTests {
     @Test("a /readyz check still running when a reload adds a key is not served as the new configuration's answer")
     func checkRunningAcrossReload() throws {
-        let daemon = try InProcessDaemon()
+        let daemon = try InProcessDaemon(signTimeoutMs: 3000)
         defer { daemon.stop() }
         // The old configuration's check takes 1 s inside C_Sign.
         daemon.faults.inject(.sign, .ok, count: 1, delay: 1)
@@ -40,5 +40,34 @@ struct ReloadReadinessTests {
         #expect(after.status == 503, "\(String(decoding: after.body, as: UTF8.self))")
         #expect(readiness.keys.map(\.keyID) == [daemon.keyID, "NOTONTOKEN"])
         #expect(readiness.reason?.contains("NOTONTOKEN: key missing from token") == true, "\(readiness.reason ?? "ready")")
+    }
+}
+
+/// A readiness check whose `C_Sign` hangs is written off like any hung call;
+/// the probes after it must not wait behind it until their own deadline,
+/// since each such timeout marks the token down again.
+@Suite("Readiness behind a hung check", .serialized)
+struct HungReadinessTests {
+    @Test("while a readiness check hangs in C_Sign, later /readyz probes answer 503 not_ready at once and never take the token down")
+    func probesBehindHungCheck() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 1000)
+        defer { daemon.stop() }
+        let client = SignerClient(socketPath: daemon.socketPath, timeout: 10)
+        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
+        daemon.faults.hang(.sign, seconds: 8)
+        let hung = try client.send("GET", "/readyz")
+        #expect(hung.status == 503)
+        #expect(poll(seconds: 5) { daemon.logged("token_up") == 1 }, "recovered from the written-off call")
+        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
+        for _ in 0..<3 {
+            let started = MonotonicClock.now()
+            let probe = try SignerClient(socketPath: daemon.socketPath, timeout: 10).send("GET", "/readyz")
+            let seconds = Double(MonotonicClock.now() - started) / 1e9
+            #expect(probe.status == 503, "\(String(decoding: probe.body, as: UTF8.self))")
+            #expect(probe.headers["retry-after"] == "5", "the readiness answer, not the watchdog's")
+            #expect(seconds < 0.5, "answered after \(seconds) s")
+            #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200, "signing goes on")
+        }
+        #expect(daemon.logged("token_down") == 1, "only the hung call took the token down: \(daemon.logLines.lines.suffix(6))")
     }
 }
