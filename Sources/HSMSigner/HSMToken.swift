@@ -120,6 +120,17 @@ public final class HSMToken: @unchecked Sendable {
     /// The most sessions the pool opens.
     public var sessionCapacity: Int { pool.capacity }
 
+    /// Whether a PKCS#11 session came back from the module (its call
+    /// returned, well or not) within the last `seconds`. A request that
+    /// waited that long for a session while this is true met a busy token,
+    /// not a hung one.
+    /// - Parameter seconds: how far back to look.
+    /// - Returns: true when some call returned that recently.
+    public func sessionReturned(withinSeconds seconds: Double) -> Bool {
+        let last = pool.lastReturn
+        return last != 0 && MonotonicClock.nanoseconds(from: last, to: MonotonicClock.now()) <= UInt64(seconds * 1e9)
+    }
+
     /// Opens the token: loads the module, finds the token the URI names,
     /// reads the PIN and logs in.
     /// - Parameters:
@@ -395,8 +406,19 @@ public final class HSMToken: @unchecked Sendable {
     }
 
     private func checkout() throws(HSMError) -> SessionLease {
+        var deadline = MonotonicClock.deadline(after: options.sessionCheckoutTimeout)
+        if let answerBy = RequestDeadline.current {
+            // The caller was already answered (503 at sign_timeout_ms): signing now would be work nobody reads.
+            guard MonotonicClock.now() < answerBy else {
+                var error = HSMError(.sessionUnavailable, "the request's time ran out while it waited for a PKCS#11 session")
+                error.retryAfter = 1
+                error.tokenLabel = label
+                throw error
+            }
+            deadline = min(deadline, answerBy)
+        }
         do {
-            return try pool.checkout(deadline: MonotonicClock.deadline(after: options.sessionCheckoutTimeout))
+            return try pool.checkout(deadline: deadline)
         } catch {
             var error = error
             error.tokenLabel = label

@@ -55,6 +55,9 @@ final class SessionPool: @unchecked Sendable {
     private var waiters: [Waiter] = []
     private var generation: UInt64 = 0
     private var epoch: UInt64 = 0
+    /// ``MonotonicClock`` nanoseconds when a leased session last came back
+    /// (checked in or discarded); 0 before the first.
+    private var returnedAt: UInt64 = 0
     /// The most sessions open at once (counting leased ones).
     let capacity: Int
     private var slot: UInt
@@ -134,13 +137,20 @@ final class SessionPool: @unchecked Sendable {
         }
     }
 
+    /// When a leased session last came back from the module, in
+    /// ``MonotonicClock`` nanoseconds (0: none yet): recent means the token
+    /// answers, and a request still waiting for a session meets load.
+    var lastReturn: UInt64 { lock.withLock { returnedAt } }
+
     /// Returns a healthy session for reuse.
     func checkin(_ lease: SessionLease) {
         if lease.quarantined.load(ordering: .acquiring) {
+            lock.withLock { returnedAt = MonotonicClock.now() }
             if lease.epoch == currentEpoch { close(lease.handle) }
             return
         }
         let stale: Bool = lock.withLock {
+            returnedAt = MonotonicClock.now()
             guard lease.generation == generation else { return true }
             if waiters.isEmpty {
                 idle.append(lease.handle)
@@ -160,6 +170,7 @@ final class SessionPool: @unchecked Sendable {
     func discard(_ lease: SessionLease) {
         let wasQuarantined = lease.quarantined.load(ordering: .acquiring)
         let sameEpoch: Bool = lock.withLock {
+            returnedAt = MonotonicClock.now()
             if !wasQuarantined && lease.generation == generation {
                 counted -= 1
                 handOverFreedPlace()

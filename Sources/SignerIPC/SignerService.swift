@@ -166,17 +166,24 @@ public final class SignerService: HTTPHandler, Sendable {
     /// 503 `hsm_unavailable` with `Retry-After: 1` for a request not answered
     /// within `sign_timeout_ms` of its arrival (waiting for a PKCS#11
     /// session or inside a PKCS#11 call); counted as the HSM error
-    /// `sign_timeout`. The token is marked down, so that new signing
-    /// requests fail fast while recovery checks it (a hung `C_Sign` is also
-    /// written off by ``watchdogTick()``; a hung `C_FindObjects`, `C_Login`
-    /// or `C_OpenSession` is not).
+    /// `sign_timeout`. When no session came back from the module in all
+    /// that time the token is marked down, so that new signing requests fail
+    /// fast while recovery checks it (a hung `C_Sign` is also written off by
+    /// ``watchdogTick()``; a hung `C_FindObjects`, `C_Login` or
+    /// `C_OpenSession` is not). When sessions did come back, the request
+    /// only queued behind others on a busy token, which stays up.
     /// - Parameter path: the request path.
     /// - Returns: the error response.
     public func timedOut(path: String) -> HTTPResponse {
-        var error = APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; a call hung in the module is written off and its session quarantined")
-        error.retryAfter = 1
         metrics.countHSMError("sign_timeout")
-        token.markDown(reason: "call_timeout", reinitialize: false)
+        var error: APIError
+        if token.sessionReturned(withinSeconds: signTimeoutSeconds) {
+            error = APIError(.hsmUnavailable, "no PKCS#11 session came free within sign_timeout_ms: the HSM is busy with other requests; retry later, or raise session_pool_size")
+        } else {
+            error = APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; a call hung in the module is written off and its session quarantined")
+            token.markDown(reason: "call_timeout", reinitialize: false)
+        }
+        error.retryAfter = 1
         return respond(.failure(error))
     }
 
@@ -215,6 +222,12 @@ public final class SignerService: HTTPHandler, Sendable {
     /// - Parameter request: the request, body read in full.
     /// - Returns: the response.
     public func handle(_ request: HTTPRequest) -> HTTPResponse {
+        // The watchdog answers this request at sign_timeout_ms after its arrival; no PKCS#11 work starts later.
+        RequestDeadline.$current.withValue(request.receivedAt + UInt64(signTimeoutSeconds * 1e9)) { route(request) }
+    }
+
+    /// ``handle(_:)`` under the request's ``RequestDeadline``.
+    private func route(_ request: HTTPRequest) -> HTTPResponse {
         guard let route = Route(rawValue: request.path) else {
             return respond(.failure(APIError(.notFound, "no endpoint at \(request.path)")))
         }

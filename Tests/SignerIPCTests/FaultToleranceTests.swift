@@ -164,6 +164,27 @@ struct FaultToleranceTests {
         try expectHealthy(daemon)
     }
 
+    /// A request that only waited for a session past sign_timeout_ms, while
+    /// the token answered every call, marked the token down: under load a
+    /// healthy HSM was taken out of service again and again.
+    @Test("requests queueing for a session past sign_timeout_ms on a busy but healthy token: 503 for them, the token stays up")
+    func queueingIsNotAnOutage() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 300, sessions: 1)
+        defer { daemon.stop() }
+        // Every C_Sign takes 100 ms in the module: 6 clients on one session queue for up to 500 ms.
+        daemon.faults.inject(.sign, .ok, count: nil, delay: 0.1)
+        let load = LoadRecorder(daemon)
+        load.start(threads: 6)
+        usleep(2_500_000)
+        let samples = load.stop()
+        daemon.faults.clear()
+        #expect(samples.contains { $0.status == 503 }, "some requests waited past sign_timeout_ms")
+        #expect(!samples.contains { $0.status == 200 && !$0.valid }, "every signature verifies")
+        #expect(samples.filter { $0.status == 200 }.count >= 10, "the token kept signing")
+        #expect(daemon.logged("token_down") == 0, "\(daemon.logLines.lines.filter { $0.contains("token_down") })")
+        #expect(daemon.token.status == .up)
+    }
+
     @Test("every session stuck in a hung C_Sign: /healthz and /metrics still answer at once; each hung request gets 503 with Connection: close at sign_timeout_ms")
     func everySessionHung() throws {
         let daemon = try InProcessDaemon(signTimeoutMs: 1000, sessions: 2)
