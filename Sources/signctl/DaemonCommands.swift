@@ -326,7 +326,7 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         var options = TokenOptions()
         options.sessionPoolSize = concurrency
         options.logger = Logger(minimumLevel: .warning)
-        let token = try HSMToken(uri: PKCS11URI(config.tokenURI), options: options)
+        let token = try openToken(config, configPath: configPath, options: options)
         defer { token.close() }
         guard let keyID = arguments.options["key-id"] ?? config.keys.first?.keyID else {
             throw UsageError("--key-id is required when the configuration lists no keys")

@@ -27,6 +27,7 @@ func hint(for error: HSMError) -> String? {
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
     case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made"
     case .pinSourceInsecure: "chmod 0600 the PIN file"
+    case .pinSourceUnreadable: "the PIN file must be a regular file this user can read, with the PIN alone on one line"
     default: nil
     }
 }
@@ -37,7 +38,39 @@ func openToken(configPath: String) throws -> HSMToken {
     var options = TokenOptions()
     options.sessionPoolSize = 2
     options.logger = Logger(minimumLevel: .warning)
-    return try HSMToken(uri: PKCS11URI(config.tokenURI), options: options)
+    return try openToken(config, configPath: configPath, options: options)
+}
+
+/// Opens the token `config.tokenURI` names; a PIN file signctl cannot read
+/// fails with a hint that names the configuration it came from.
+/// - Throws: ``CommandFailure`` (exit 78) for `pin_source_unreadable`, else
+///   the ``HSMError`` of ``HSMToken/init(uri:options:)``.
+func openToken(_ config: SignerConfiguration, configPath: String, options: TokenOptions) throws -> HSMToken {
+    let uri = try PKCS11URI(config.tokenURI)
+    do {
+        return try HSMToken(uri: uri, options: options)
+    } catch where error.code == .pinSourceUnreadable {
+        throw CommandFailure(exitCode(for: error), error.description, hint: pinSourceHint(uri.pinSource, configPath: configPath))
+    }
+}
+
+/// What to do about a `pin-source` signctl cannot read. systemd's
+/// credentials (`LoadCredential=`, under /run/credentials/) exist only
+/// inside the running service, so the service's own configuration never
+/// works for signctl.
+func pinSourceHint(_ pinSource: String?, configPath: String) -> String {
+    var path = pinSource ?? ""
+    for scheme in ["file://", "file:"] where path.hasPrefix(scheme) {
+        path = String(path.dropFirst(scheme.count))
+        break
+    }
+    if path.hasPrefix("/run/credentials/") {
+        return "\(path) is systemd's copy of the PIN (LoadCredential=), which exists only inside the running service; "
+            + "give signctl a configuration of its own, --config FILE, whose token_uri has pin-source=file: naming a PIN file this user can read "
+            + "(docs/OPERATIONS.md: /etc/signerd/signctl.json)"
+    }
+    return "signctl reads the PIN from the pin-source in token_uri of \(configPath): the PIN alone on one line, in a file this user can read; "
+        + "or pass --config FILE with a pin-source it can read"
 }
 
 func tokenInit(_ words: [String]) throws -> ExitCode {

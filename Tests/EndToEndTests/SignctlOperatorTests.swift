@@ -269,3 +269,34 @@ struct SignctlPublicKeyOnlyTests {
         #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "ORPHAN0001", files.sec1]).status == 0)
     }
 }
+
+@Suite("signctl: errors that say what to do about them")
+struct SignctlHintTests {
+    /// The Runbook's `signctl --config /etc/signerd/signerd.json keys import`
+    /// failed on the service's pin-source (systemd's credential) with no hint.
+    @Test("a pin-source under /run/credentials/ is refused (78) with a hint to use an operator configuration",
+          .enabled(if: !FileManager.default.fileExists(atPath: "/run/credentials/signerd.service/pin"), "needs a host without signerd's systemd credential"))
+    func systemdCredentialPIN() throws {
+        let (token, config) = try tokenConfig("credpin")
+        let serviceConfig = (config as NSString).deletingLastPathComponent + "/service.json"
+        try #"{"token_uri": "\#(token.uri.replacingOccurrences(of: token.pinPath, with: "/run/credentials/signerd.service/pin"))"}"#
+            .write(toFile: serviceConfig, atomically: false, encoding: .utf8)
+        let files = try TestKeyFiles.make()
+        let keyFile = files.directory + "/AuthKey_ABC123DEFG.p8"
+        try FileManager.default.copyItem(atPath: files.pkcs8Apple, toPath: keyFile)
+        for arguments in [["keys", "list"], ["keys", "import", "--replace", keyFile], ["bench", "--direct", "--requests", "1", "--key-id", "ABC123DEFG"]] {
+            let refused = runSignctl(["--config", serviceConfig] + arguments)
+            #expect(refused.status == 78, "\(arguments): \(refused.stderr)")
+            #expect(refused.stderr.contains("error: pin_source_unreadable: cannot open the PIN file /run/credentials/signerd.service/pin"), "\(refused.stderr)")
+            #expect(refused.stderr.contains("hint: /run/credentials/signerd.service/pin is systemd's copy of the PIN (LoadCredential=), which exists only inside the running service"), "\(arguments): \(refused.stderr)")
+            #expect(refused.stderr.contains("--config FILE"), "\(refused.stderr)")
+        }
+        // Any other unreadable PIN file: the hint names the configuration it came from.
+        let otherConfig = (config as NSString).deletingLastPathComponent + "/other.json"
+        try #"{"token_uri": "\#(token.uri.replacingOccurrences(of: token.pinPath, with: token.pinPath + ".missing"))"}"#
+            .write(toFile: otherConfig, atomically: false, encoding: .utf8)
+        let other = runSignctl(["--config", otherConfig, "keys", "list"])
+        #expect(other.status == 78, "\(other.stderr)")
+        #expect(other.stderr.contains("hint: signctl reads the PIN from the pin-source in token_uri of \(otherConfig)"), "\(other.stderr)")
+    }
+}
