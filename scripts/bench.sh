@@ -33,7 +33,7 @@ while [ $# -gt 0 ]; do
     --soak) soak=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --output) output=$2; shift 2 ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; exit 64 ;;
   esac
 done

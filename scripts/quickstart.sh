@@ -11,6 +11,15 @@
 # the public key exported from the token. Everything lives in
 # ${SIGNERD_DEMO_DIR:-.demo} in this checkout; signerd is stopped at the end
 # unless --keep-running.
+#
+# Environment:
+#   BUNDLE_ID         the bundle ID the key may sign for (default com.example.app)
+#   KEY_ID            the key ID of FILE.p8 when its name is not
+#                     AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8
+#   ISSUER_ID         the issuer ID from App Store Connect, for the JWS kinds
+#                     (default a placeholder)
+#   SIGNERD_DEMO_DIR  where the token, configuration, socket and logs go
+#                     (default .demo in this checkout)
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -19,7 +28,7 @@ p8=""
 for arg in "$@"; do
   case $arg in
     --keep-running) keep_running=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     -*) echo "error: unknown option $arg" >&2; exit 64 ;;
     *) p8=$arg ;;
   esac

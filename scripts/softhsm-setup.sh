@@ -15,13 +15,15 @@
 set -euo pipefail
 
 usage() { echo "usage: $0 DIR [--label LABEL]" >&2; exit 64; }
+show_help() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0" >&2; exit 0; }
 [ $# -ge 1 ] || usage
+case $1 in -h|--help) show_help ;; -*) usage ;; esac
 dir=$1; shift
 label=signer
 while [ $# -gt 0 ]; do
   case $1 in
     --label) [ $# -ge 2 ] || usage; label=$2; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0" >&2; exit 0 ;;
+    -h|--help) show_help ;;
     *) usage ;;
   esac
 done
