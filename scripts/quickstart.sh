@@ -20,6 +20,9 @@
 #                     (default a placeholder)
 #   SIGNERD_DEMO_DIR  where the token, configuration, socket and logs go
 #                     (default .demo in this checkout)
+#
+# Each run writes signerd.json in that directory anew; an earlier one that
+# differs (your edits, or other variables) is kept as signerd.json.previous.
 set -euo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -73,7 +76,7 @@ echo "key ID: $key_id, bundle ID: $bundle_id"
 
 config=$demo/signerd.json
 socket=$demo/signerd.sock
-cat > "$config" <<JSON
+cat > "$config.new" <<JSON
 {
   "token_uri": "$token_uri",
   "socket_path": "$socket",
@@ -82,6 +85,12 @@ cat > "$config" <<JSON
   "keys": [{"key_id": "$key_id", "bundle_ids": ["$bundle_id"]}]
 }
 JSON
+if [ -e "$config" ] && ! cmp -s "$config" "$config.new"; then
+  mv "$config" "$config.previous"
+  echo "note: $config differed from what this run writes (edited, or other variables); the old one is kept as $config.previous"
+fi
+mv "$config.new" "$config"
+echo "configuration: $config"
 step "5/8 Importing the key into the token (non-extractable, self-tested)"
 "$bin/signctl" --config "$config" keys import --replace --key-id "$key_id" "$key_file"
 "$bin/signctl" --config "$config" keys list
