@@ -104,7 +104,15 @@ fi
 "$bin/signerd" --config "$config" 2>"$demo/signerd.log" &
 pid=$!
 echo $pid > "$demo/signerd.pid"
-stop_daemon() { if [ $keep_running = 0 ]; then kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null; fi; return 0; }
+# Without --keep-running the daemon goes with this script, and so does its
+# pid file, which would otherwise name a dead (or later reused) pid.
+stop_daemon() {
+  if [ $keep_running = 0 ]; then
+    kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null
+    rm -f "$demo/signerd.pid"
+  fi
+  return 0
+}
 trap stop_daemon EXIT
 for _ in $(seq 1 100); do
   curl -s --unix-socket "$socket" http://signerd/healthz >/dev/null 2>&1 && break
