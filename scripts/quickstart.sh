@@ -141,7 +141,9 @@ openssl dgst -sha256 -verify "$demo/public_key.pem" -signature "$demo/signature.
 echo
 if [ $keep_running = 1 ]; then
   trap - EXIT
-  echo "signerd keeps running (pid $pid) on $socket. Stop it with: kill $pid"
+  echo "signerd keeps running (pid $pid, in $demo/signerd.pid) on $socket."
+  echo "Reload $config after editing it: kill -HUP $pid (the log, $demo/signerd.log, says config_reloaded or config_reload_refused)"
+  echo "Stop it: kill $pid && rm $demo/signerd.pid"
 else
   echo "Done: the token signed, signerd returned the DER signature in standard Base64, and openssl verified it."
 fi
