@@ -113,6 +113,8 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
         return .success
     }
     let path = try arguments.positionals(1, "the key file (FILE.p8)")[0]
+    // A file that is not there is the problem to name, not the key ID its name lacks.
+    try checkKeyFileOpens(path)
     let nameKeyID = ECPrivateKeyMaterial.keyID(fromFileName: path)
     guard let keyID = arguments.options["key-id"] ?? nameKeyID else {
         throw UsageError("cannot tell the key ID from the file name \(path)", hint: "pass --key-id ID (10 characters A-Z0-9, as App Store Connect shows it)")
@@ -144,6 +146,22 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
         print("the .p8 file is no longer needed on this host; keep the original offline")
     }
     return .success
+}
+
+/// Fails as reading the key file would (`key_file_unreadable`, exit 65)
+/// when `path` cannot be opened or is not a regular file; reads nothing.
+/// - Throws: ``CryptoError`` with ``CryptoError/Code/keyFileUnreadable``.
+func checkKeyFileOpens(_ path: String) throws(CryptoError) {
+    // O_NONBLOCK: a FIFO given by mistake must not hang the open.
+    let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
+    guard fd >= 0 else {
+        throw CryptoError(.keyFileUnreadable, "cannot open \(path): \(String(cString: strerror(errno)))")
+    }
+    defer { close(fd) }
+    var info = stat()
+    guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+        throw CryptoError(.keyFileUnreadable, "\(path) is not a regular file")
+    }
 }
 
 /// What `keys import --json` prints; `replaced` is a JSON boolean.

@@ -299,4 +299,29 @@ struct SignctlHintTests {
         #expect(other.status == 78, "\(other.stderr)")
         #expect(other.stderr.contains("hint: signctl reads the PIN from the pin-source in token_uri of \(otherConfig)"), "\(other.stderr)")
     }
+
+    /// `keys import /tmp/x/nonexist.p8` said it could not tell the key ID
+    /// from the file name, and suggested --key-id for a file that is not there.
+    @Test("keys import of a missing file (any name) or a directory says so: key_file_unreadable, exit 65")
+    func missingKeyFile() throws {
+        let (_, config) = try tokenConfig("nofile")
+        let directory = TemporaryDirectory.make(prefix: "signerd-nofile")
+        for path in [directory + "/nonexist.p8", directory + "/AuthKey_ABC123DEFG.p8"] {
+            for extra in [[], ["--key-id", "ABC123DEFG"]] {
+                let refused = runSignctl(["--config", config, "keys", "import"] + extra + [path])
+                #expect(refused.status == 65, "\(path) \(extra): \(refused.stderr)")
+                #expect(refused.stderr == "error: key_file_unreadable: cannot open \(path): No such file or directory\n", "\(refused.stderr)")
+            }
+        }
+        let notFile = runSignctl(["--config", config, "keys", "import", "--key-id", "ABC123DEFG", directory])
+        #expect(notFile.status == 65, "\(notFile.stderr)")
+        #expect(notFile.stderr.contains("key_file_unreadable: \(directory) is not a regular file"), "\(notFile.stderr)")
+        // A file that is there but whose name carries no key ID still asks for --key-id.
+        let files = try TestKeyFiles.make()
+        let plain = files.directory + "/key.p8"
+        try FileManager.default.copyItem(atPath: files.pkcs8Apple, toPath: plain)
+        let unnamed = runSignctl(["--config", config, "keys", "import", plain])
+        #expect(unnamed.status == 64, "\(unnamed.stderr)")
+        #expect(unnamed.stderr.contains("cannot tell the key ID from the file name"), "\(unnamed.stderr)")
+    }
 }
