@@ -14,7 +14,23 @@ func call(_ client: SignerClient, _ method: String, _ path: String, body: [UInt8
         return try client.send(method, path, body: body)
     } catch {
         throw CommandFailure(.unavailable, "signerd is not reachable at \(client.socketPath): \(error.message)",
-                             hint: "is signerd running, and may this user open the socket (socket_mode, socket_group)?")
+                             hint: unreachableHint(error))
+    }
+}
+
+/// What to do about a socket signctl could not use, by the reason.
+/// The group is the one contrib/systemd's signerd.socket and sysusers file
+/// set up for clients.
+func unreachableHint(_ error: SocketError) -> String {
+    switch error.errno {
+    case EACCES, EPERM:
+        "this user may not connect: the socket file's group and mode decide who can (SocketGroup=signerd-clients, SocketMode=0660 "
+            + "in the shipped signerd.socket; socket_group and socket_mode in the configuration without socket activation); "
+            + "add the user to that group (usermod -aG signerd-clients USER, then log in again) or run as root"
+    case ENOENT, ECONNREFUSED:
+        "is signerd running (systemctl status signerd)? signctl connects to socket_path of --config FILE"
+    default:
+        "is signerd running, and may this user open the socket (socket_mode, socket_group)?"
     }
 }
 
@@ -48,7 +64,7 @@ func health(_ words: [String], configPath: String) throws -> ExitCode {
         if arguments.flag("json") {
             printJSON(["status": "unreachable", "reason": error.message])
         } else {
-            writeError("signerd is not reachable at \(config.socketPath): \(error.message)")
+            writeError("signerd is not reachable at \(config.socketPath): \(error.message)", hint: unreachableHint(error))
         }
         return .unavailable
     }
@@ -340,7 +356,7 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
             report = try LoadGenerator(socketPath: config.socketPath, endpoint: endpoint, concurrency: concurrency, length: length,
                                        verify: arguments.flag("verify"), bundleID: arguments.options["bundle-id"], keyID: arguments.options["key-id"]).run()
         } catch let error as SocketError {
-            throw CommandFailure(.unavailable, "signerd is not reachable at \(config.socketPath): \(error.message)")
+            throw CommandFailure(.unavailable, "signerd is not reachable at \(config.socketPath): \(error.message)", hint: unreachableHint(error))
         }
     }
     if arguments.flag("json") {

@@ -324,4 +324,58 @@ struct SignctlHintTests {
         #expect(unnamed.status == 64, "\(unnamed.stderr)")
         #expect(unnamed.stderr.contains("cannot tell the key ID from the file name"), "\(unnamed.stderr)")
     }
+
+    /// Runs signctl as uid/gid 65534 when this process is root (root may
+    /// connect to any socket), else as this user.
+    static func runSignctlUnprivileged(_ arguments: [String]) -> (status: Int32, stdout: String, stderr: String) {
+        guard getuid() == 0 else { return runSignctl(arguments) }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        process.arguments = ["--reuid=65534", "--regid=65534", "--clear-groups", "--", Binaries.signctl] + arguments
+        let output = Pipe()
+        let errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        do { try process.run() } catch { return (-1, "", "\(error)") }
+        let out = output.fileHandleForReading.readDataToEndOfFile()
+        let err = errors.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
+    }
+
+    /// Whether a caller other than root can be had: this user, or uid 65534
+    /// through setpriv(1) with the signctl binary reachable for it.
+    static let unprivilegedCallerAvailable: Bool = getuid() != 0
+        || (FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") && runSignctlUnprivileged(["--help"]).status == 0)
+
+    /// `signctl health` by a user outside the socket's group exited 69 with
+    /// "Permission denied" and no word on what decides who may connect.
+    @Test("health on a socket this user may not open names socket_group/socket_mode and signerd-clients; a missing socket asks whether signerd runs",
+          .enabled(if: unprivilegedCallerAvailable, "needs a non-root user, or root with setpriv(1) and a signctl binary uid 65534 may run"))
+    func socketPermissionHint() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-sockperm")
+        chmod(directory, 0o755)
+        let socketPath = directory + "/signerd.sock"
+        let listener = try UnixListener.bind(path: socketPath, mode: 0o000, group: nil)
+        defer { close(listener) }
+        let config = directory + "/signerd.json"
+        try #"{"token_uri": "pkcs11:token=t?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent/pin", "socket_path": "\#(socketPath)"}"#
+            .write(toFile: config, atomically: false, encoding: .utf8)
+        chmod(config, 0o644)
+        for command in [["health"], ["sign", "promotional-offer", "--bundle-id", "b", "--product-id", "p", "--offer-id", "o"]] {
+            let refused = SignctlHintTests.runSignctlUnprivileged(["--config", config] + command)
+            #expect(refused.status == 69, "\(command): \(refused.stderr)")
+            #expect(refused.stderr.contains("cannot connect to \(socketPath): Permission denied"), "\(refused.stderr)")
+            #expect(refused.stderr.contains("hint: this user may not connect"), "\(command): \(refused.stderr)")
+            for word in ["socket_group", "socket_mode", "signerd-clients"] {
+                #expect(refused.stderr.contains(word), "\(command): \(word) in \(refused.stderr)")
+            }
+        }
+        let missingConfig = directory + "/missing.json"
+        try #"{"token_uri": "pkcs11:token=t?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent/pin", "socket_path": "\#(directory)/absent.sock"}"#
+            .write(toFile: missingConfig, atomically: false, encoding: .utf8)
+        let absent = runSignctl(["--config", missingConfig, "health"])
+        #expect(absent.status == 69, "\(absent.stderr)")
+        #expect(absent.stderr.contains("hint: is signerd running"), "\(absent.stderr)")
+    }
 }
