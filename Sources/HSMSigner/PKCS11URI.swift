@@ -177,7 +177,7 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     /// - Parameter source: the `pin-source` value, percent-decoded.
     /// - Returns: the absolute path, or nil for anything else (such as a PIN
     ///   written where the path belongs), which must never be shown.
-    static func pinFilePath(_ source: String) -> String? {
+    package static func pinFilePath(_ source: String) -> String? {
         var path = source
         if path.hasPrefix("file://") {
             path = String(path.dropFirst(7))

@@ -59,12 +59,7 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
 /// inside the running service, so the service's own configuration never
 /// works for signctl.
 func pinSourceHint(_ pinSource: String?, configPath: String) -> String {
-    var path = pinSource ?? ""
-    for scheme in ["file://", "file:"] where path.hasPrefix(scheme) {
-        path = String(path.dropFirst(scheme.count))
-        break
-    }
-    if path.hasPrefix("/run/credentials/") {
+    if let path = pinSource.flatMap(PKCS11URI.pinFilePath), path.hasPrefix("/run/credentials/") {
         return "\(path) is systemd's copy of the PIN (LoadCredential=), which exists only inside the running service; "
             + "give signctl a configuration of its own, --config FILE, whose token_uri has pin-source=file: naming a PIN file this user can read "
             + "(docs/OPERATIONS.md: /etc/signerd/signctl.json)"
