@@ -112,12 +112,7 @@ public enum UnixListener {
             throw SocketError("cannot bind \(path)", errno: bindErrno)
         }
         if let group {
-            let gid: gid_t
-            if let number = UInt32(group) {
-                gid = number
-            } else if let entry = getgrnam(group) {
-                gid = entry.pointee.gr_gid
-            } else {
+            guard let gid = groupID(group) else {
                 Glibc.close(fd)
                 unlink(path)
                 throw SocketError("socket_group \(group) is not a group on this host")
@@ -126,7 +121,8 @@ public enum UnixListener {
                 let code = errno
                 Glibc.close(fd)
                 unlink(path)
-                throw SocketError("cannot give \(path) to group \(group)", errno: code)
+                let why = code == EPERM ? " (the user signerd runs as must be a member of \(group): `m USER \(group)` in sysusers, or usermod -aG)" : ""
+                throw SocketError("cannot give \(path) to group \(group)\(why)", errno: code)
             }
         }
         guard chmod(path, mode_t(mode)) == 0 else {
@@ -167,6 +163,26 @@ public enum UnixListener {
     public static func removeSocketFile(_ path: String, boundAs identity: SocketFileIdentity) -> Bool {
         guard let current = fileIdentity(path), current == identity else { return false }
         return unlink(path) == 0
+    }
+
+    /// Whether this process may give a socket file to `group` (`chown(2)`
+    /// to a group needs root or membership in it), as
+    /// ``bind(path:mode:group:)`` will try to.
+    /// - Parameter group: a group name or number, as `socket_group`.
+    /// - Returns: false for a group this process is not in (or that does not exist).
+    public static func mayGiveSocket(toGroup group: String) -> Bool {
+        guard geteuid() != 0 else { return true }
+        guard let gid = groupID(group) else { return false }
+        if getegid() == gid { return true }
+        var groups = [gid_t](repeating: 0, count: Int(max(0, getgroups(0, nil))))
+        let count = getgroups(Int32(groups.count), &groups)
+        return count >= 0 && groups.prefix(Int(count)).contains(gid)
+    }
+
+    /// The group `group` names: a number as it is, else a name from the group database.
+    private static func groupID(_ group: String) -> gid_t? {
+        if let number = UInt32(group) { return number }
+        return getgrnam(group).map { $0.pointee.gr_gid }
     }
 
     /// The filesystem path a Unix socket is bound to (`getsockname`), or nil

@@ -85,6 +85,10 @@ func runDaemon() -> Never {
         print("configuration \(configPath) is valid")
         for note in unchecked { print("note: \(note)") }
         for advisory in configuration.advisories { print("warning: \(advisory.event): \(advisory.hint)") }
+        if let group = configuration.socketGroup, !UnixListener.mayGiveSocket(toGroup: group) {
+            print("warning: socket_group_not_joined: this user (uid \(geteuid())) is not a member of socket_group \(group): binding the socket itself "
+                + "(without signerd.socket) will fail with exit 69; add the user to \(group), or start signerd through signerd.socket")
+        }
         exit(0)
     }
     let logger = Logger(minimumLevel: configuration.logLevel)

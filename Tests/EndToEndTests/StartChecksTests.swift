@@ -117,3 +117,32 @@ struct ReloadKeyCheckTests {
         #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey))
     }
 }
+
+/// A `socket_group` the daemon's user is not in made signerd exit 69 when it
+/// bound the socket itself (chown to a group needs membership), and
+/// `--check-config` said nothing.
+@Suite("socket_group and the daemon's user")
+struct SocketGroupMembershipTests {
+    static let canSwitchUser = getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
+
+    @Test("--check-config warns when this user is not a member of socket_group, and not when it is",
+          .enabled(if: canSwitchUser, "needs root and setpriv(1) to run signerd --check-config as uid 65534"))
+    func checkConfigWarns() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        let pin = try CheckConfigTests().pinPath(daemon)
+        let ownPIN = daemon.directory + "/nobody.pin"
+        try writeSecretFile(ownPIN, try String(contentsOfFile: pin, encoding: .utf8))
+        chown(ownPIN, 65534, 65534)
+        func check(group: String) throws -> (status: Int32, stdout: String, stderr: String) {
+            try daemon.writeConfig(["token_uri": daemon.tokenURI.replacingOccurrences(of: pin, with: ownPIN), "socket_group": group])
+            chmod(daemon.configPath, 0o644)  // whatever umask another test set meanwhile: uid 65534 reads it
+            return runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "--", Binaries.signerd, "--config", daemon.configPath, "--check-config"])
+        }
+        let foreign = try check(group: "0")
+        #expect(foreign.status == 0, "\(foreign.stderr)")
+        #expect(foreign.stdout.contains("warning: socket_group_not_joined: this user (uid 65534) is not a member of socket_group 0"), "\(foreign.stdout)")
+        let own = try check(group: "65534")
+        #expect(own.status == 0, "\(own.stderr)")
+        #expect(!own.stdout.contains("socket_group_not_joined"), "\(own.stdout)")
+    }
+}
