@@ -14,23 +14,28 @@ func call(_ client: SignerClient, _ method: String, _ path: String, body: [UInt8
         return try client.send(method, path, body: body)
     } catch {
         throw CommandFailure(.unavailable, "signerd is not reachable at \(client.socketPath): \(error.message)",
-                             hint: unreachableHint(error))
+                             hint: unreachableHint(error, socketPath: client.socketPath))
     }
 }
 
-/// What to do about a socket signctl could not use, by the reason.
-/// The group is the one contrib/systemd's signerd.socket and sysusers file
-/// set up for clients.
-func unreachableHint(_ error: SocketError) -> String {
+/// What to do about a socket signctl could not use, by the reason. For a
+/// refused connection it names the group and mode the socket file has
+/// (the shipped signerd.socket and sysusers file give it to signerd-clients).
+func unreachableHint(_ error: SocketError, socketPath: String) -> String {
     switch error.errno {
     case EACCES, EPERM:
-        "this user may not connect: the socket file's group and mode decide who can (SocketGroup=signerd-clients, SocketMode=0660 "
-            + "in the shipped signerd.socket; socket_group and socket_mode in the configuration without socket activation); "
-            + "add the user to that group (usermod -aG signerd-clients USER, then log in again) or run as root"
+        var info = stat()
+        guard stat(socketPath, &info) == 0 else {
+            return "this user may not reach \(socketPath): check the directories above it, and the socket's group and mode (socket_group, socket_mode)"
+        }
+        let group = getgrgid(info.st_gid).map { String(cString: $0.pointee.gr_name) } ?? String(info.st_gid)
+        return "this user may not connect: \(socketPath) belongs to group \(group) with mode \(String(info.st_mode & 0o777, radix: 8)) "
+            + "(the shipped signerd.socket makes it signerd-clients, 0660; socket_group and socket_mode in the configuration without socket activation); "
+            + "add the user to \(group) (usermod -aG \(group) USER, then log in again) or run as root"
     case ENOENT, ECONNREFUSED:
-        "is signerd running (systemctl status signerd)? signctl connects to socket_path of --config FILE"
+        return "is signerd running (systemctl status signerd)? signctl connects to socket_path of --config FILE"
     default:
-        "is signerd running, and may this user open the socket (socket_mode, socket_group)?"
+        return "is signerd running, and may this user open the socket (socket_mode, socket_group)?"
     }
 }
 
@@ -64,7 +69,7 @@ func health(_ words: [String], configPath: String) throws -> ExitCode {
         if arguments.flag("json") {
             printJSON(["status": "unreachable", "reason": error.message])
         } else {
-            writeError("signerd is not reachable at \(config.socketPath): \(error.message)", hint: unreachableHint(error))
+            writeError("signerd is not reachable at \(config.socketPath): \(error.message)", hint: unreachableHint(error, socketPath: config.socketPath))
         }
         return .unavailable
     }
@@ -356,7 +361,7 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
             report = try LoadGenerator(socketPath: config.socketPath, endpoint: endpoint, concurrency: concurrency, length: length,
                                        verify: arguments.flag("verify"), bundleID: arguments.options["bundle-id"], keyID: arguments.options["key-id"]).run()
         } catch let error as SocketError {
-            throw CommandFailure(.unavailable, "signerd is not reachable at \(config.socketPath): \(error.message)", hint: unreachableHint(error))
+            throw CommandFailure(.unavailable, "signerd is not reachable at \(config.socketPath): \(error.message)", hint: unreachableHint(error, socketPath: config.socketPath))
         }
     }
     if arguments.flag("json") {

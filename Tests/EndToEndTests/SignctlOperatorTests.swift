@@ -367,6 +367,9 @@ struct SignctlHintTests {
             #expect(refused.status == 69, "\(command): \(refused.stderr)")
             #expect(refused.stderr.contains("cannot connect to \(socketPath): Permission denied"), "\(refused.stderr)")
             #expect(refused.stderr.contains("hint: this user may not connect"), "\(command): \(refused.stderr)")
+            // The socket's own group and mode, not only the shipped ones: a hand-bound socket may have others.
+            let group = getgrgid(getgid()).map { String(cString: $0.pointee.gr_name) } ?? "\(getgid())"
+            #expect(refused.stderr.contains("belongs to group \(group) with mode 0"), "\(command): \(refused.stderr)")
             for word in ["socket_group", "socket_mode", "signerd-clients"] {
                 #expect(refused.stderr.contains(word), "\(command): \(word) in \(refused.stderr)")
             }
