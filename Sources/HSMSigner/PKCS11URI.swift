@@ -140,7 +140,7 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
 
     /// Checks, without loading the module or touching the token, the files
     /// opening the token will need: a `module-path` library must be a
-    /// readable regular file, and the PIN must read as ``readPIN()`` reads it
+    /// readable regular file with an ELF header, and the PIN must read as ``readPIN()`` reads it
     /// (the copy read is wiped at once). A PIN file under `/run/credentials/`
     /// is left unchecked outside the service (systemd's `LoadCredential=`
     /// makes it only for the service's processes, which get
@@ -159,6 +159,14 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             }
             guard (info.st_mode & S_IFMT) == S_IFREG, access(modulePath, R_OK) == 0 else {
                 throw HSMError(.moduleNotFound, "the PKCS#11 module \(modulePath) is not a readable file")
+            }
+            // A shared library starts with the ELF magic number; anything else cannot be loaded.
+            var magic = [UInt8](repeating: 0, count: 4)
+            let fd = open(modulePath, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
+            let count = fd >= 0 ? read(fd, &magic, 4) : -1
+            if fd >= 0 { close(fd) }
+            guard count == 4, magic == [0x7F, 0x45, 0x4C, 0x46] else {
+                throw HSMError(.moduleNotFound, "the PKCS#11 module \(modulePath) is not a shared library (no ELF header)")
             }
         } else if let moduleName {
             unchecked.append("module-name=\(moduleName) is resolved by p11-kit only when the token is opened")

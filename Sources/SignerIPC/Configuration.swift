@@ -164,7 +164,9 @@ public struct SignerConfiguration: Sendable, Equatable {
         do {
             data = try Data(contentsOf: URL(fileURLWithPath: path))
         } catch {
-            throw ConfigurationError("cannot read the configuration file \(path): \((error as NSError).localizedDescription)")
+            // The system's reason ("No such file or directory"), not Foundation's "The operation could not be completed".
+            let reason = access(path, R_OK) != 0 ? String(cString: strerror(errno)) : (error as NSError).localizedDescription
+            throw ConfigurationError("cannot read the configuration file \(path): \(reason)")
         }
         do {
             return try parse(Array(data))

@@ -68,19 +68,22 @@ func runDaemon() -> Never {
     }
     let configPath = arguments.options["config"] ?? SignerConfiguration.defaultPath
 
+    // --check-config is read by a person (or ExecStartPre's journal lines): plain text, not the JSON log.
+    let checkOnly = arguments.flag("check-config")
     var configuration: SignerConfiguration
     do {
         configuration = try SignerConfiguration.load(path: configPath)
     } catch {
-        fail(.config, "config_invalid", logger: Logger(), ["config.path": .string(configPath), "error": .string(error.message)])
+        fail(.config, checkOnly ? "config_invalid: \(error.message)" : "config_invalid", logger: checkOnly ? nil : Logger(),
+             ["config.path": .string(configPath), "error": .string(error.message)])
     }
-    if arguments.flag("check-config") {
+    if checkOnly {
         // The files opening the token needs, short of loading the module or logging in.
         let unchecked: [String]
         do throws(HSMError) {
             unchecked = try PKCS11URI(configuration.tokenURI).checkFilesBeforeOpening()
         } catch {
-            fail(.config, "config_invalid", logger: Logger(), ["config.path": .string(configPath), "error": .string(error.description)])
+            fail(.config, "config_invalid: \(configPath): \(error.description)")
         }
         print("configuration \(configPath) is valid")
         for note in unchecked { print("note: \(note)") }

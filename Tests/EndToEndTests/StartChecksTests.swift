@@ -23,6 +23,12 @@ struct CheckConfigTests {
         return String(source).removingPercentEncoding.map { $0.hasPrefix("file:") ? String($0.dropFirst(5)) : $0 } ?? ""
     }
 
+    /// `uri` with its `module-path` set to `path`.
+    func replacingModulePath(_ uri: String, with path: String) -> String {
+        let current = uri.split(separator: "&").flatMap { $0.split(separator: "?") }.first { $0.hasPrefix("module-path=") } ?? ""
+        return uri.replacingOccurrences(of: String(current), with: "module-path=\(path)")
+    }
+
     @Test("a PIN file others may read, a missing PIN file and a missing module are 78 with the reason; a good file is 0")
     func filesChecked() throws {
         let daemon = try DaemonHarness(keyIDs: [])
@@ -38,18 +44,23 @@ struct CheckConfigTests {
         let readable = try checkConfig(daemon) { $0 }
         #expect(readable.status == 78, "\(readable.stdout)")
         #expect(readable.stderr.contains("pin_source_insecure") || readable.stderr.contains("readable or writable by other users"), "\(readable.stderr)")
+        #expect(readable.stderr.hasPrefix("error: config_invalid: "), "plain text for a person, not a JSON log line: \(readable.stderr)")
         chmod(pin, 0o600)
+
+        let noFile = runProgram(Binaries.signerd, ["--config", daemon.directory + "/absent.json", "--check-config"])
+        #expect(noFile.status == 78)
+        #expect(noFile.stderr.hasPrefix("error: config_invalid: cannot read the configuration file") && noFile.stderr.contains("No such file or directory"), "\(noFile.stderr)")
 
         let missingPIN = try checkConfig(daemon) { $0.replacingOccurrences(of: pin, with: daemon.directory + "/no-such-pin") }
         #expect(missingPIN.status == 78)
         #expect(missingPIN.stderr.contains("no-such-pin") && missingPIN.stderr.contains("No such file"), "\(missingPIN.stderr)")
 
-        let missingModule = try checkConfig(daemon) { uri in
-            let path = uri.split(separator: "&").flatMap { $0.split(separator: "?") }.first { $0.hasPrefix("module-path=") } ?? ""
-            return uri.replacingOccurrences(of: String(path), with: "module-path=/usr/lib/libnothere-pkcs11.so")
-        }
+        let missingModule = try checkConfig(daemon) { replacingModulePath($0, with: "/usr/lib/libnothere-pkcs11.so") }
         #expect(missingModule.status == 78)
         #expect(missingModule.stderr.contains("libnothere-pkcs11.so"), "\(missingModule.stderr)")
+        let notALibrary = try checkConfig(daemon) { replacingModulePath($0, with: daemon.configPath) }
+        #expect(notALibrary.status == 78)
+        #expect(notALibrary.stderr.contains("is not a shared library"), "\(notALibrary.stderr)")
         #expect(!missingModule.stderr.contains(try String(contentsOfFile: pin, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)), "no PIN in the output")
     }
 
