@@ -8,7 +8,8 @@ usage: signctl [--config FILE] <command> [options]
 
 Token and keys (talk to the PKCS#11 token named by token_uri in the config):
   token init --label LABEL --pin-file F --so-pin-file F [--module PATH]
-                         initialize a development token (SoftHSM); PINs come from 0600 files
+                         initialize a development token (SoftHSM); PINs come from files
+                         no other user may read (0600, or 0640 with signerd's group)
   keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] FILE.p8
                          import an App Store In-App Purchase key (non-extractable, self-tested);
                          a key already on the token under another key ID is refused (65)

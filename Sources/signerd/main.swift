@@ -31,6 +31,9 @@ func fail(_ code: ExitCode, _ message: String, logger: Logger? = nil, _ metadata
     exit(code.rawValue)
 }
 
+/// "1 key", "2 keys": for systemd's STATUS= line.
+func keyCount(_ count: Int) -> String { count == 1 ? "1 key" : "\(count) keys" }
+
 /// Gives every key in `keys` a test signature (``HSMToken/selfTest(keyID:)``)
 /// and logs `key_unusable`, with a hint, for each one that fails.
 /// - Returns: the key IDs that failed.
@@ -168,7 +171,7 @@ func runDaemon() -> Never {
         removeSocketFile()
         fail(.unavailable, "http_start_failed", logger: logger, ["error": .string(error.message)])
     }
-    let status = keyProblems.isEmpty ? "serving \(configuration.keys.count) keys on \(listeningPath)"
+    let status = keyProblems.isEmpty ? "serving \(keyCount(configuration.keys.count)) on \(listeningPath)"
         : "serving on \(listeningPath); keys failing their self-test: \(keyProblems.joined(separator: ", "))"
     Systemd.notify("READY=1\nSTATUS=\(status)\nMAINPID=\(getpid())")
     if let interval = Systemd.watchdogPingInterval {
@@ -194,7 +197,7 @@ func runDaemon() -> Never {
         if received == SIGHUP {
             logger.info("reload_requested", ["config.path": .string(configPath)])
             Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(Systemd.monotonicMicroseconds)")
-            defer { Systemd.notify("READY=1\nSTATUS=serving \(service.configuration.keys.count) keys on \(listeningPath)") }
+            defer { Systemd.notify("READY=1\nSTATUS=serving \(keyCount(service.configuration.keys.count)) on \(listeningPath)") }
             do {
                 let fresh = try SignerConfiguration.load(path: configPath)
                 try service.reload(fresh)

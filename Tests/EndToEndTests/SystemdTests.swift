@@ -80,7 +80,7 @@ struct SystemdTests {
         let startup = notify.messages(for: 5, until: "READY=1")
         let ready = try #require(startup.last)
         #expect(ready.contains("READY=1"))
-        #expect(ready.contains("STATUS=serving 1 keys"))
+        #expect(ready.contains("STATUS=serving 1 key on "), "\(ready)")
         #expect(ready.contains("MAINPID=\(daemon.process!.processIdentifier)"))
         let pings = notify.messages(for: 1.2).filter { $0 == "WATCHDOG=1" }
         #expect(pings.count >= 3, "a ping every 200 ms (half of WATCHDOG_USEC); got \(pings.count)")
