@@ -429,6 +429,35 @@ public final class HSMToken: @unchecked Sendable {
         }
     }
 
+    /// Changes the token's user PIN from the one this token was opened with
+    /// to `newPIN`, on a read-write session of the logged-in user; this
+    /// object then logs in with `newPIN` from now on. `newPIN` is checked
+    /// against the token's `ulMinPinLen`…`ulMaxPinLen` (bytes) first, and
+    /// neither PIN ever reaches a message.
+    ///
+    /// The corresponding PKCS#11 function is `C_SetPIN`.
+    /// - Parameter newPIN: the new user PIN.
+    /// - Throws: ``HSMError/Code/pinRejected`` (`CKR_PIN_LEN_RANGE` before
+    ///   any change, or what `C_SetPIN` returns for a PIN the token refuses:
+    ///   `CKR_PIN_INVALID`, `CKR_PIN_INCORRECT`); `pkcs11_failure` naming
+    ///   the function otherwise.
+    public func changeUserPIN(to newPIN: SecureBytes) throws(HSMError) {
+        let slot = state.withLock { $0.slot }
+        let (infoRV, info) = functions.tokenInfo(slot: slot)
+        if infoRV == .ok, let lengths = info?.pinLengths {
+            try TokenAdministration.refusePIN(newPIN, named: "new PIN (--new-pin-file)", outside: lengths, label: label)
+        }
+        try withReadWriteSession { (session) throws(HSMError) in
+            let rv = pin.withLock { functions.setPIN(session, old: $0, new: newPIN) }
+            guard rv == .ok else {
+                var error = HSMError(pkcs11: .setPIN, rv, message: "the token did not change the user PIN", tokenLabel: label)
+                if PKCS11ReturnValue.pinFailures.contains(rv) || rv == .pinInvalid || rv == .pinLenRange { error.code = .pinRejected }
+                throw error
+            }
+        }
+        pin.withLock { $0 = newPIN }
+    }
+
     /// Opens a read-write session outside the pool for key management.
     func withReadWriteSession<R>(_ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
         try checkUp()

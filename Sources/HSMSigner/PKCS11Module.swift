@@ -29,6 +29,7 @@ package enum PKCS11Function: String, Sendable, CaseIterable {
     case sign = "C_Sign"
     case initToken = "C_InitToken"
     case initPIN = "C_InitPIN"
+    case setPIN = "C_SetPIN"
     case logout = "C_Logout"
 }
 
@@ -262,6 +263,20 @@ struct PKCS11Functions: @unchecked Sendable {
                 CK_SESSION_HANDLE(session),
                 UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
                 CK_ULONG(bytes.count)))
+        }
+    }
+
+    /// `C_SetPIN(session, oldPIN, newPIN)`: changes the PIN of the user
+    /// logged in on `session` (a read-write session).
+    func setPIN(_ session: UInt, old: SecureBytes, new: SecureBytes) -> PKCS11ReturnValue {
+        if let rv = intercepted(.setPIN, session) { return rv }
+        return old.withUnsafeBytes { oldBytes in
+            new.withUnsafeBytes { newBytes in
+                PKCS11ReturnValue(rawValue: list.pointee.C_SetPIN(
+                    CK_SESSION_HANDLE(session),
+                    UnsafeMutablePointer(mutating: oldBytes.baseAddress?.assumingMemoryBound(to: UInt8.self)), CK_ULONG(oldBytes.count),
+                    UnsafeMutablePointer(mutating: newBytes.baseAddress?.assumingMemoryBound(to: UInt8.self)), CK_ULONG(newBytes.count)))
+            }
         }
     }
 

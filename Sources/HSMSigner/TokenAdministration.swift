@@ -126,15 +126,22 @@ public enum TokenAdministration {
     private static func checkPINLengths(_ functions: PKCS11Functions, slot: UInt, label: String, soPIN: SecureBytes, userPIN: SecureBytes?) throws(HSMError) {
         let (rv, info) = functions.tokenInfo(slot: slot)
         guard rv == .ok, let lengths = info?.pinLengths else { return }
-        let minimum = lengths.lowerBound, maximum = lengths.upperBound
         let pins = [userPIN.map { ("user PIN (--pin-file)", $0) }, ("SO PIN (--so-pin-file)", soPIN)].compactMap { $0 }
-        for (name, pin) in pins where !lengths.contains(pin.count) {
-            var error = HSMError(.pinRejected, "the \(name) is \(pin.count < minimum ? "shorter" : "longer") than token \(label) takes: \(minimum) to \(maximum) bytes (ulMinPinLen, ulMaxPinLen); nothing was changed")
-            error.function = PKCS11Function.getTokenInfo.rawValue
-            error.returnValue = .pinLenRange
-            error.tokenLabel = label
-            throw error
+        for (name, pin) in pins {
+            try refusePIN(pin, named: name, outside: lengths, label: label)
         }
+    }
+
+    /// ``HSMError/Code/pinRejected`` (`CKR_PIN_LEN_RANGE`) when `pin` is
+    /// shorter or longer than `lengths` (bytes); the message gives the
+    /// limits, never the PIN or its length.
+    static func refusePIN(_ pin: SecureBytes, named name: String, outside lengths: ClosedRange<Int>, label: String) throws(HSMError) {
+        guard !lengths.contains(pin.count) else { return }
+        var error = HSMError(.pinRejected, "the \(name) is \(pin.count < lengths.lowerBound ? "shorter" : "longer") than token \(label) takes: \(lengths.lowerBound) to \(lengths.upperBound) bytes (ulMinPinLen, ulMaxPinLen); nothing was changed")
+        error.function = PKCS11Function.getTokenInfo.rawValue
+        error.returnValue = .pinLenRange
+        error.tokenLabel = label
+        throw error
     }
 
     /// Reads a PIN file the way ``PKCS11URI/readPIN()`` does (mode checked,

@@ -89,6 +89,33 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     return .success
 }
 
+/// `signctl token change-pin --new-pin-file F`: logs in with the PIN the
+/// configuration's pin-source gives and changes it (`C_SetPIN`).
+func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
+    let arguments = try Arguments(words, options: ["new-pin-file"], flags: [])
+    if arguments.flag("help") {
+        print("""
+        usage: signctl [--config FILE] token change-pin --new-pin-file F
+
+        Logs in to the token of token_uri with the PIN its pin-source gives, and changes that
+        user PIN to the one in F (C_SetPIN; F is read like a pin-source: one line, no other
+        user may read it). Run it as the user signerd runs as (SoftHSM keeps its files per user).
+        Then write the new PIN into every PIN file (signerd's pin-source or LoadCredential=
+        source, and signctl's), and reload signerd: it keeps its login until then, but could
+        not log in again with the old PIN.
+        """)
+        return .success
+    }
+    _ = try arguments.positionals(0, "")
+    let newPIN = try TokenAdministration.readPINFile(try arguments.required("new-pin-file"))
+    let token = try openToken(configPath: configPath)
+    defer { token.close() }
+    try token.changeUserPIN(to: newPIN)
+    print("changed the user PIN of token \(token.label)")
+    print("next: write the new PIN into every PIN file (signerd's and signctl's), then reload signerd (systemctl reload signerd)")
+    return .success
+}
+
 /// The one positional of `keys export-public` and `keys delete`, checked
 /// before the token is opened, so a mistyped ID is a usage error (exit 64)
 /// rather than `key_not_found`.

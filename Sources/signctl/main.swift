@@ -10,6 +10,9 @@ Token and keys (talk to the PKCS#11 token named by token_uri in the config):
   token init --label LABEL --pin-file F --so-pin-file F [--module PATH]
                          initialize a development token (SoftHSM); PINs come from files
                          no other user may read (0600, or 0640 with signerd's group)
+  token change-pin --new-pin-file F
+                         change the user PIN (C_SetPIN) from the one token_uri's pin-source gives;
+                         then put the new PIN in every PIN file and reload signerd
   keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] FILE.p8
                          import an App Store In-App Purchase key (non-extractable, self-tested);
                          a key already on the token under another key ID is refused (65)
@@ -124,6 +127,7 @@ func runCommand(_ words: [String]) throws -> ExitCode {
     }
     switch (noun, verb) {
     case ("token", "init"): return try tokenInit(tail)
+    case ("token", "change-pin"): return try tokenChangePIN(tail, configPath: configPath)
     case ("keys", "import"): return try keysImport(tail, configPath: configPath)
     case ("keys", "list"): return try keysList(tail, configPath: configPath)
     case ("keys", "export-public"): return try keysExportPublic(tail, configPath: configPath)

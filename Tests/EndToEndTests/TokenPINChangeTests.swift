@@ -1,0 +1,40 @@
+import Foundation
+import TestSupport
+import Testing
+
+/// The PIN-change runbook had no command for the token itself; operators
+/// reached for OpenSC's `pkcs11-tool`, PINs on its command line included.
+@Suite("signctl token change-pin")
+struct TokenPINChangeTests {
+    @Test("changes the user PIN with C_SetPIN: the old PIN is refused after, the new one signs; a PIN the token cannot take changes nothing")
+    func changePIN() throws {
+        let daemon = try DaemonHarness()
+        let pinFile = try CheckConfigTests().pinPath(daemon)
+        let oldPIN = try String(contentsOfFile: pinFile, encoding: .utf8)
+        let newPIN = (0..<8).map { _ in String(format: "%02x", UInt8.random(in: 0...255)) }.joined()
+        let newFile = daemon.directory + "/new.pin"
+        let environment = ["SOFTHSM2_CONF": daemon.softHSMConf]
+
+        try writeSecretFile(newFile, "123\n")
+        let tooShort = runSignctl(["--config", daemon.configPath, "token", "change-pin", "--new-pin-file", newFile], environment: environment)
+        #expect(tooShort.status == 77, "\(tooShort.stderr)")
+        #expect(tooShort.stderr.contains("shorter") && tooShort.stderr.contains("nothing was changed"), "\(tooShort.stderr)")
+        #expect(runSignctl(["--config", daemon.configPath, "keys", "list"], environment: environment).status == 0, "the old PIN still works")
+
+        try writeSecretFile(newFile, newPIN + "\n")
+        let changed = runSignctl(["--config", daemon.configPath, "token", "change-pin", "--new-pin-file", newFile], environment: environment)
+        #expect(changed.status == 0, "\(changed.stderr)")
+        #expect(changed.stdout.contains("changed the user PIN of token"), "\(changed.stdout)")
+        for output in [tooShort.stdout, tooShort.stderr, changed.stdout, changed.stderr] {
+            #expect(!output.contains(newPIN) && !output.contains(oldPIN.trimmingCharacters(in: .whitespacesAndNewlines)), "no PIN in the output")
+        }
+        let refused = runSignctl(["--config", daemon.configPath, "keys", "list"], environment: environment)
+        #expect(refused.status == 77, "the old PIN is refused now: \(refused.stderr)")
+
+        try writeSecretFile(pinFile, newPIN + "\n")
+        try daemon.start()
+        defer { daemon.stop() }
+        let publicKey = try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM
+        #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey), "signerd logs in with the new PIN and signs")
+    }
+}
