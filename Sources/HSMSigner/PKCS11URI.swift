@@ -196,7 +196,8 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     }
 
     static func readPINFile(_ path: String) throws(HSMError) -> SecureBytes {
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        // O_NONBLOCK: a FIFO would otherwise wait for a writer, for good (signerd blocks SIGTERM); fstat refuses it next.
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard fd >= 0 else {
             throw HSMError(.pinSourceUnreadable, "cannot open the PIN file \(path): \(String(cString: strerror(errno)))")
         }

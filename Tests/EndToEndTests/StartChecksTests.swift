@@ -1,4 +1,5 @@
 import Foundation
+import HSMSigner
 import TestSupport
 import Testing
 
@@ -62,6 +63,28 @@ struct CheckConfigTests {
         #expect(notALibrary.status == 78)
         #expect(notALibrary.stderr.contains("is not a shared library"), "\(notALibrary.stderr)")
         #expect(!missingModule.stderr.contains(try String(contentsOfFile: pin, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)), "no PIN in the output")
+    }
+
+    /// open(2) on a FIFO waits for a writer, and signerd blocks SIGTERM
+    /// from its first line: `--check-config` (and the start) hung for good,
+    /// deaf to `timeout` and to systemd's stop.
+    @Test("a PIN file that is a FIFO is 78 at once, without waiting for a writer")
+    func fifoPINFile() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        let pin = try pinPath(daemon)
+        let fifo = daemon.directory + "/pin-fifo"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        // Should the check wait for a writer, this one comes after 10 s, closing at once (EOF), so the test ends.
+        OSThread.start {
+            usleep(10_000_000)
+            let fd = open(fifo, O_WRONLY | O_NONBLOCK)
+            if fd >= 0 { close(fd) }
+        }
+        let started = Date()
+        let checked = try checkConfig(daemon) { $0.replacingOccurrences(of: pin, with: fifo) }
+        #expect(Date().timeIntervalSince(started) < 5, "waited for a writer")
+        #expect(checked.status == 78)
+        #expect(checked.stderr.contains("pin-fifo") && checked.stderr.contains("not a regular file"), "\(checked.stderr)")
     }
 
     @Test("a PIN file from LoadCredential= is left to the service's start, with a note, outside the service")
