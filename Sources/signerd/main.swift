@@ -36,10 +36,12 @@ func keyCount(_ count: Int) -> String { count == 1 ? "1 key" : "\(count) keys" }
 
 /// Gives every key in `keys` a test signature (``HSMToken/selfTest(keyID:)``)
 /// and logs `key_unusable`, with a hint, for each one that fails.
+/// - Parameter stopped: checked before each key; true ends the test there (shutdown).
 /// - Returns: the key IDs that failed.
-func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger) -> [String] {
+func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger, stopped: () -> Bool = { false }) -> [String] {
     var failed: [String] = []
     for key in keys {
+        if stopped() { break }
         do {
             try token.selfTest(keyID: key.keyID)
         } catch {
@@ -48,6 +50,48 @@ func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger) -> [S
         }
     }
     return failed
+}
+
+/// The self-tests reloads run on threads of their own. Shutdown stops them
+/// between keys and waits for them before it closes the token: `C_Finalize`
+/// under a running `C_Sign` crashed signerd (SIGSEGV, SIGABRT) instead of
+/// letting it exit 0.
+final class ReloadSelfTests: @unchecked Sendable {
+    // `running` and `stopping` are only touched with `lock` held.
+    private let lock = ConditionLock()
+    private var running = 0
+    private var stopping = false
+
+    /// Tests `keys` (``selfTest(_:token:logger:stopped:)``) on a new thread, unless shutdown began.
+    func start(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger) {
+        let started: Bool = lock.withLock {
+            guard !stopping else { return false }
+            running += 1
+            return true
+        }
+        guard started else { return }
+        OSThread.start {
+            _ = selfTest(keys, token: token, logger: logger, stopped: { self.lock.withLock { self.stopping } })
+            self.lock.withLock {
+                self.running -= 1
+                self.lock.broadcast()
+            }
+        }
+    }
+
+    /// Lets no test begin another key, then waits for the ones running.
+    /// - Parameter seconds: how long to wait at most.
+    /// - Returns: false when one was still running at the deadline.
+    func stop(waitingSeconds seconds: Double) -> Bool {
+        let deadline = MonotonicClock.deadline(after: seconds)
+        return lock.withLock {
+            stopping = true
+            while running > 0 {
+                if !lock.wait(untilMonotonic: deadline) { return running == 0 }
+            }
+            return true
+        }
+    }
 }
 
 /// The daemon: everything after the process starts, in a function rather
@@ -192,6 +236,7 @@ func runDaemon() -> Never {
         "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())),
     ])
 
+    let reloadSelfTests = ReloadSelfTests()
     while true {
         let received = ProcessControl.waitForSignal(handledSignals)
         if received == SIGHUP {
@@ -205,7 +250,7 @@ func runDaemon() -> Never {
                 for advisory in fresh.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
                 // As at start, a key that cannot sign is named now rather than by the first request;
                 // on a thread of its own, so a slow token cannot hold up the next signal.
-                OSThread.start { _ = selfTest(fresh.keys, token: token, logger: logger) }
+                reloadSelfTests.start(fresh.keys, token: token, logger: logger)
             } catch {
                 logger.error("config_reload_refused", ["error": .string("\(error)"), "hint": "the previous configuration stays in effect"])
             }
@@ -218,6 +263,10 @@ func runDaemon() -> Never {
         if listening >= 0 { close(listening) }
         // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
         let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)
+        // A reload's self-test may still be signing: the token is closed only after it.
+        if !reloadSelfTests.stop(waitingSeconds: Double(configuration.signTimeoutMs) / 1000 + 5) {
+            logger.warning("self_test_unfinished", ["reason": "a reload's key self-test is still inside a PKCS#11 call; the token is closed regardless"])
+        }
         server.stop()
         token.close()
         logger.notice("signerd_stopped", ["drained": .bool(drained)])

@@ -150,6 +150,23 @@ struct ReloadKeyCheckTests {
         let publicKey = try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM
         #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey))
     }
+
+    /// The reload's self-test ran on a thread nobody waited for: SIGTERM
+    /// closed the token (C_Finalize) under its C_Sign, and signerd died of
+    /// SIGSEGV or SIGABRT instead of exiting 0, or logged the keys it was
+    /// still testing as key_unusable after shutdown_requested.
+    @Test("SIGTERM right after SIGHUP: exit 0, and no key is called unusable while the token closes")
+    func stopDuringReloadSelfTest() throws {
+        let daemon = try DaemonHarness(keyIDs: (1...16).map { String(format: "KEY%07d", $0) })
+        for round in 1...8 {
+            try daemon.start()
+            daemon.send(SIGHUP)
+            usleep(UInt32(round % 4) * 5_000)
+            let status = daemon.stop()
+            #expect(status == 0, "round \(round): \(daemon.log.suffix(5).joined(separator: "\n"))")
+            #expect(daemon.log.filter { $0.contains("\"key_unusable\"") }.isEmpty, "round \(round)")
+        }
+    }
 }
 
 /// A `socket_group` the daemon's user is not in made signerd exit 69 when it
