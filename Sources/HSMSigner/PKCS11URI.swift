@@ -145,14 +145,19 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     /// is left unchecked outside the service (systemd's `LoadCredential=`
     /// makes it only for the service's processes, which get
     /// `$CREDENTIALS_DIRECTORY`). A `module-name` is not resolved: that
-    /// would load every module p11-kit knows. For `signerd --check-config`.
+    /// would load every module p11-kit knows; nor is a relative
+    /// `module-path`, which p11-kit finds in its own module directory.
+    /// For `signerd --check-config`.
     /// - Returns: what was left unchecked and why, for the operator; empty
     ///   when everything was checked.
     /// - Throws: ``HSMError/Code/moduleNotFound``,
     ///   ``HSMError/Code/pinSourceUnreadable``, ``HSMError/Code/pinSourceInsecure``.
     public func checkFilesBeforeOpening() throws(HSMError) -> [String] {
         var unchecked: [String] = []
-        if let modulePath {
+        if let modulePath, !modulePath.hasPrefix("/") {
+            // p11-kit looks for it in its own module directory (P11_MODULE_PATH), not the current one.
+            unchecked.append("module-path=\(modulePath) is relative: p11-kit looks for it in its module directory only when the token is opened")
+        } else if let modulePath {
             var info = stat()
             guard stat(modulePath, &info) == 0 else {
                 throw HSMError(.moduleNotFound, "the PKCS#11 module \(modulePath) cannot be found: \(String(cString: strerror(errno)))")

@@ -87,6 +87,22 @@ struct CheckConfigTests {
         #expect(checked.stderr.contains("pin-fifo") && checked.stderr.contains("not a regular file"), "\(checked.stderr)")
     }
 
+    /// p11-kit loads a relative `module-path` from its own module directory
+    /// (`p11-kit-trust.so` is /usr/lib/<arch>/pkcs11/p11-kit-trust.so), so
+    /// the start opens it; `--check-config` looked for it in the current
+    /// directory and said 78 "cannot be found", so `ExecStartPre=` stopped a
+    /// service that would have started.
+    @Test("a relative module-path is left to p11-kit, with a note, not refused as missing")
+    func relativeModulePath() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        let checked = try checkConfig(daemon) { uri in
+            let path = uri.split(separator: "&").flatMap { $0.split(separator: "?") }.first { $0.hasPrefix("module-path=") } ?? ""
+            return uri.replacingOccurrences(of: String(path), with: "module-path=p11-kit-trust.so")
+        }
+        #expect(checked.status == 0, "\(checked.stderr)")
+        #expect(checked.stdout.contains("note: module-path=p11-kit-trust.so is relative"), "\(checked.stdout)")
+    }
+
     @Test("a PIN file from LoadCredential= is left to the service's start, with a note, outside the service")
     func credentialsOutsideTheService() throws {
         let daemon = try DaemonHarness(keyIDs: [])
