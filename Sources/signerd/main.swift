@@ -35,16 +35,25 @@ func fail(_ code: ExitCode, _ message: String, logger: Logger? = nil, _ metadata
 func keyCount(_ count: Int) -> String { count == 1 ? "1 key" : "\(count) keys" }
 
 /// Gives every key in `keys` a test signature (``HSMToken/selfTest(keyID:)``)
-/// and logs `key_unusable`, with a hint, for each one that fails.
+/// and logs `key_unusable`, with a hint, for each one that fails. A failure
+/// that is the token's, not the key's (the token down, no session, a
+/// timeout, a refused PIN), ends the test with one `self_test_skipped`: every
+/// key after it would fail alike, and re-importing keys cannot help.
 /// - Parameter stopped: checked before each key; true ends the test there (shutdown).
 /// - Returns: the key IDs that failed.
 func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger, stopped: () -> Bool = { false }) -> [String] {
+    let tokenProblems: [HSMError.Code] = [.tokenUnavailable, .sessionUnavailable, .signTimeout, .pinRejected]
     var failed: [String] = []
     for key in keys {
         if stopped() { break }
         do {
             try token.selfTest(keyID: key.keyID)
         } catch {
+            if token.status != .up || tokenProblems.contains(error.code) {
+                logger.warning("self_test_skipped", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue),
+                                                     "hint": "the token is unavailable, not the keys; /readyz tests them again once it recovers"])
+                break
+            }
             failed.append(key.keyID)
             logger.error("key_unusable", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue), "hint": "import it with signctl keys import; /readyz reports it until then"])
         }

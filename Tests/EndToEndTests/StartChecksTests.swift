@@ -167,6 +167,26 @@ struct ReloadKeyCheckTests {
         #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey))
     }
 
+    /// A reload while the token was down (its directory away) logged
+    /// key_unusable with "import it with signctl keys import" for every
+    /// configured key, reload after reload: keys that were fine, and advice
+    /// that cannot help during an outage.
+    @Test("a reload while the token is down names no key unusable; it says once that the test waits for the token")
+    func reloadDuringOutage() throws {
+        let daemon = try DaemonHarness(keyIDs: ["KEY0000001", "KEY0000002", "KEY0000003"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let tokens = daemon.directory + "/hsm/tokens"
+        try FileManager.default.moveItem(atPath: tokens, toPath: tokens + ".away")
+        defer { try? FileManager.default.moveItem(atPath: tokens + ".away", toPath: tokens) }
+        let body = body(["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"])
+        #expect(poll(seconds: 5) { (try? daemon.client().send("POST", "/v1/sign/promotional-offer", body: body).status) == 503 }, "the outage is seen")
+        #expect(daemon.reload())
+        let skipped = daemon.logged { $0.contains("\"self_test_skipped\"") }
+        #expect(skipped.count == 1, "\(daemon.log.suffix(6))")
+        #expect(daemon.logged(within: 0.5) { $0.contains("\"key_unusable\"") }.isEmpty, "\(daemon.log.suffix(6))")
+    }
+
     /// The reload's self-test ran on a thread nobody waited for: SIGTERM
     /// closed the token (C_Finalize) under its C_Sign, and signerd died of
     /// SIGSEGV or SIGABRT instead of exiting 0, or logged the keys it was
