@@ -177,14 +177,27 @@ public final class SignerService: HTTPHandler, Sendable {
     public func timedOut(path: String) -> HTTPResponse {
         metrics.countHSMError("sign_timeout")
         var error: APIError
-        if token.sessionReturned(withinSeconds: signTimeoutSeconds) {
-            error = APIError(.hsmUnavailable, "no PKCS#11 session came free within sign_timeout_ms: the HSM is busy with other requests; retry later, or raise session_pool_size")
-        } else {
+        if markDownIfNoSessionReturned() {
             error = APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; a call hung in the module is written off and its session quarantined")
-            token.markDown(reason: "call_timeout", reinitialize: false)
+        } else {
+            error = APIError(.hsmUnavailable, "no PKCS#11 session came free within sign_timeout_ms: the HSM is busy with other requests; retry later, or raise session_pool_size")
         }
         error.retryAfter = 1
         return respond(.failure(error))
+    }
+
+    /// Marks the token down (`call_timeout`) when no PKCS#11 session came
+    /// back from the module within `sign_timeout_ms`: the token is hung,
+    /// not busy. Asked for every request that waited in vain, whether the
+    /// watchdog answered it (``timedOut(path:)``) or its wait for a session
+    /// ended first: under load, the requests stuck in a hung call had each
+    /// queued for a session another had just returned, and the ones queueing
+    /// behind them are the only ones left to notice.
+    /// - Returns: whether the token was marked down.
+    private func markDownIfNoSessionReturned() -> Bool {
+        guard !token.sessionReturned(withinSeconds: signTimeoutSeconds) else { return false }
+        token.markDown(reason: "call_timeout", reinitialize: false)
+        return true
     }
 
     /// Writes off `C_Sign` calls that have been inside the module longer
@@ -467,6 +480,7 @@ public final class SignerService: HTTPHandler, Sendable {
         case .keyNotFound:
             return APIError(.keyNotFound, "key \(keyID) is configured but not on token \(token.label); import it with signctl keys import", field: "key_id")
         case .tokenUnavailable, .sessionUnavailable, .pinRejected, .signTimeout, .pkcs11Failure:
+            if error.code == .sessionUnavailable { _ = markDownIfNoSessionReturned() }
             var api = APIError(.hsmUnavailable, "the HSM cannot sign right now (\(error.returnValue?.name ?? error.code.rawValue)); retry later")
             api.retryAfter = max(1, Int((error.retryAfter ?? 1).rounded(.up)))
             return api

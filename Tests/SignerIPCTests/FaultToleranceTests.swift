@@ -185,6 +185,33 @@ struct FaultToleranceTests {
         #expect(daemon.token.status == .up)
     }
 
+    /// Only requests answered by the watchdog asked whether a session had
+    /// come back. Under queueing load each request stuck in a hung
+    /// C_FindObjects (never written off) had waited for its session, which
+    /// another had just returned, so it did not count; every request after
+    /// them timed out queueing for a session, answered by the handler, which
+    /// never asked. The token stayed up, and recovery never began, for as
+    /// long as the module hung.
+    @Test("every session stuck in a hung C_FindObjects under queueing load: the token is marked down, no wrong signature")
+    func hungSearchUnderQueueing() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 500, sessions: 2)
+        defer { daemon.stop() }
+        // Every C_Sign takes 50 ms: 8 clients on 2 sessions queue for them.
+        daemon.faults.inject(.sign, .ok, count: nil, delay: 0.05)
+        let load = LoadRecorder(daemon)
+        load.start(threads: 8)
+        usleep(1_000_000)
+        // The key handles go stale and every search for the key hangs.
+        daemon.faults.hang(.findObjects, seconds: 4, count: 100_000)
+        daemon.faults.invalidateObjects()
+        let down = poll(seconds: 3) { daemon.logged("token_down") > 0 }
+        let samples = load.stop()
+        daemon.faults.clear()
+        #expect(down, "\(daemon.logLines.lines.suffix(4))")
+        #expect(!samples.contains { $0.status == 200 && !$0.valid }, "every signature verifies")
+        #expect(samples.allSatisfy { $0.status == 200 || $0.status == 503 }, "\(Set(samples.map(\.status)))")
+    }
+
     @Test("every session stuck in a hung C_Sign: /healthz and /metrics still answer at once; each hung request gets 503 with Connection: close at sign_timeout_ms")
     func everySessionHung() throws {
         let daemon = try InProcessDaemon(signTimeoutMs: 1000, sessions: 2)
