@@ -120,6 +120,11 @@ public final class HSMToken: @unchecked Sendable {
     /// The most sessions the pool opens.
     public var sessionCapacity: Int { pool.capacity }
 
+    /// When the token was last marked down (``markDown(reason:reinitialize:)``),
+    /// in ``MonotonicClock`` nanoseconds; 0 when never. With ``status`` `.up`,
+    /// a later instant than some start means the token recovered since.
+    public var lastDownAt: UInt64 { state.withLock { $0.downSince } }
+
     /// Whether a PKCS#11 session came back from the module (its call
     /// returned, well or not) within the last `seconds`. A request that
     /// waited that long for a session while this is true met a busy token,

@@ -594,32 +594,44 @@ public final class SignerService: HTTPHandler, Sendable {
         // is stuck in a call the watchdog writes off, and a probe waiting
         // behind it until its own deadline would get the watchdog's 503,
         // which marks the token down again.
+        // A stuck check whose call was written off, the token having been
+        // marked down and come back since it began, answers for nothing: a
+        // new check takes its place (a call that never returns would
+        // otherwise keep /readyz at 503 for good).
         let limit = UInt64(signTimeoutSeconds * 1e9)
         while true {
             if let cached = fresh() { return cached }
-            enum Turn { case mine, again, stuck(UInt64) }
+            enum Turn { case mine(UInt64), again, stuck(UInt64) }
             let turn: Turn = readinessRun.lock.withLock {
-                guard let started = readinessRun.startedAt else {
-                    readinessRun.startedAt = MonotonicClock.now()
-                    return .mine
+                let now = MonotonicClock.now()
+                if let started = readinessRun.startedAt {
+                    let superseded = now >= started + limit && token.status == .up && token.lastDownAt > started
+                    if !superseded {
+                        if now >= started + limit { return .stuck(started) }
+                        readinessRun.lock.wait(untilMonotonic: started + limit)
+                        return .again
+                    }
                 }
-                if MonotonicClock.now() >= started + limit { return .stuck(started) }
-                readinessRun.lock.wait(untilMonotonic: started + limit)
-                return .again
+                readinessRun.startedAt = now
+                readinessRun.runID &+= 1
+                return .mine(readinessRun.runID)
             }
             switch turn {
             case .again:
                 continue
             case .stuck(let started):
                 return stuckReadiness(config, runningMs: MonotonicClock.nanoseconds(from: started, to: MonotonicClock.now()) / 1_000_000)
-            case .mine:
+            case .mine(let run):
                 let status = token.status
                 let (ready, response) = runReadinessChecks(config)
-                readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status, keyIDs) }
-                readinessRun.lock.withLock {
-                    readinessRun.startedAt = nil
+                // A check superseded meanwhile neither caches its answer nor ends its successor's run.
+                let current = readinessRun.lock.withLock {
+                    let current = readinessRun.runID == run
+                    if current { readinessRun.startedAt = nil }
                     readinessRun.lock.broadcast()
+                    return current
                 }
+                if current { readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status, keyIDs) } }
                 return (ready, response)
             }
         }
@@ -687,4 +699,7 @@ private final class ReadinessRun: @unchecked Sendable {
     let lock = ConditionLock()
     /// ``MonotonicClock`` nanoseconds when the running check began; nil when none runs.
     var startedAt: UInt64?
+    /// Which check is the running one: a stuck check superseded by a new one
+    /// finds a different number when it returns at last.
+    var runID: UInt64 = 0
 }

@@ -48,7 +48,10 @@ struct ReloadReadinessTests {
 /// since each such timeout marks the token down again.
 @Suite("Readiness behind a hung check", .serialized)
 struct HungReadinessTests {
-    @Test("while a readiness check hangs in C_Sign, later /readyz probes answer 503 not_ready at once and never take the token down")
+    /// Probes after the recovery answered "a readiness check has been
+    /// running …" for as long as the hung call lasted, for good with a call
+    /// that never returns, though the token had recovered and signed.
+    @Test("a readiness check hung in C_Sign: the token goes down once and recovers; later /readyz probes check again at once and say ready")
     func probesBehindHungCheck() throws {
         let daemon = try InProcessDaemon(signTimeoutMs: 1000)
         defer { daemon.stop() }
@@ -63,8 +66,7 @@ struct HungReadinessTests {
             let started = MonotonicClock.now()
             let probe = try SignerClient(socketPath: daemon.socketPath, timeout: 10).send("GET", "/readyz")
             let seconds = Double(MonotonicClock.now() - started) / 1e9
-            #expect(probe.status == 503, "\(String(decoding: probe.body, as: UTF8.self))")
-            #expect(probe.headers["retry-after"] == "5", "the readiness answer, not the watchdog's")
+            #expect(probe.status == 200, "a new check, not the hung one's: \(String(decoding: probe.body, as: UTF8.self))")
             #expect(seconds < 0.5, "answered after \(seconds) s")
             #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200, "signing goes on")
         }
