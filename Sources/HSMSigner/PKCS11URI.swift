@@ -177,12 +177,23 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             unchecked.append("module-name=\(moduleName) is resolved by p11-kit only when the token is opened")
         }
         if p11_kit_uri_get_pin_value(uri) == nil, let path = pinSource.flatMap(PKCS11URI.pinFilePath),
-           path.hasPrefix("/run/credentials/"), getenv("CREDENTIALS_DIRECTORY") == nil {
+           PKCS11URI.lexicallyNormalized(path).hasPrefix("/run/credentials/"), getenv("CREDENTIALS_DIRECTORY") == nil {
+            // Normalized first: /run/credentials/../../etc/pin is an ordinary file, and is checked.
             unchecked.append("the PIN file \(path) exists only inside the service (LoadCredential=); it is checked when the service starts")
         } else {
             _ = try readPIN()
         }
         return unchecked
+    }
+
+    /// `path` with `.` and `..` components and repeated slashes resolved
+    /// by name alone (symbolic links are not followed): `/a/./b/../c` is `/a/c`.
+    static func lexicallyNormalized(_ path: String) -> String {
+        var parts: [Substring] = []
+        for part in path.split(separator: "/") where part != "." {
+            if part == ".." { _ = parts.popLast() } else { parts.append(part) }
+        }
+        return "/" + parts.joined(separator: "/")
     }
 
     /// The PIN file a `pin-source` value names: `file:/abs`, `file:///abs`

@@ -115,6 +115,11 @@ struct CheckConfigTests {
         let noted = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", Binaries.signerd, "--config", daemon.configPath, "--check-config"])
         #expect(noted.status == 0, "\(noted.stderr)")
         #expect(noted.stdout.contains("note: the PIN file \(credential) exists only inside the service"), "\(noted.stdout)")
+        // A path that only starts like a credential is checked like any other.
+        try daemon.writeConfig(["token_uri": daemon.tokenURI.replacingOccurrences(of: pin, with: "/run/credentials/../..\(daemon.directory)/absent.pin")])
+        let dotted = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", Binaries.signerd, "--config", daemon.configPath, "--check-config"])
+        #expect(dotted.status == 78, "\(dotted.stdout)")
+        try daemon.writeConfig(["token_uri": daemon.tokenURI.replacingOccurrences(of: pin, with: credential)])
         // Inside the service ($CREDENTIALS_DIRECTORY set) the file is checked.
         let inside = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: ["CREDENTIALS_DIRECTORY": (credential as NSString).deletingLastPathComponent])
         #expect(inside.status == 78, "\(inside.stdout)")
