@@ -625,13 +625,14 @@ public final class SignerService: HTTPHandler, Sendable {
                 let status = token.status
                 let (ready, response) = runReadinessChecks(config)
                 // A check superseded meanwhile neither caches its answer nor ends its successor's run.
-                let current = readinessRun.lock.withLock {
-                    let current = readinessRun.runID == run
-                    if current { readinessRun.startedAt = nil }
+                // The answer is cached before the run ends: a probe woken then must find it.
+                readinessRun.lock.withLock {
+                    if readinessRun.runID == run {
+                        readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status, keyIDs) }
+                        readinessRun.startedAt = nil
+                    }
                     readinessRun.lock.broadcast()
-                    return current
                 }
-                if current { readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status, keyIDs) } }
                 return (ready, response)
             }
         }

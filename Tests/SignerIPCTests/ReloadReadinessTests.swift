@@ -73,3 +73,40 @@ struct HungReadinessTests {
         #expect(daemon.logged("token_down") == 1, "only the hung call took the token down: \(daemon.logLines.lines.suffix(6))")
     }
 }
+
+/// Probes that arrive while a readiness check runs wait for it and share its
+/// answer: the check signs once, however many probes came.
+@Suite("Readiness shared by waiting probes", .serialized)
+struct SharedReadinessTests {
+    /// The check that finished ended its run (waking the probes behind it)
+    /// before it cached its answer: a woken probe found no answer yet and
+    /// ran a check of its own, one after another.
+    @Test("probes waiting behind a running check get its answer: one C_Sign per check, not one per probe")
+    func waitersShareTheCheck() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 3000)
+        defer { daemon.stop() }
+        var config = daemon.service.configuration
+        config.readinessCacheSeconds = 0.3
+        try daemon.service.reload(config)
+        var extra: [Int] = []
+        for _ in 0..<20 {
+            usleep(400_000)  // the last round's answer has aged out
+            let before = daemon.faults.calls(.sign)
+            daemon.faults.inject(.sign, .ok, count: 1, delay: 0.2)
+            let done = DispatchGroup()
+            let statuses = Mutex<[Int]>([])
+            for _ in 0..<12 {
+                done.enter()
+                OSThread.start {
+                    let status = (try? SignerClient(socketPath: daemon.socketPath, timeout: 10).send("GET", "/readyz").status) ?? 0
+                    statuses.withLock { $0.append(status) }
+                    done.leave()
+                }
+            }
+            #expect(done.wait(timeout: .now() + 10) == .success)
+            #expect(statuses.withLock { $0 }.allSatisfy { $0 == 200 })
+            extra.append(daemon.faults.calls(.sign) - before - 1)
+        }
+        #expect(extra.allSatisfy { $0 == 0 }, "C_Sign calls beyond the one check, per round: \(extra)")
+    }
+}
