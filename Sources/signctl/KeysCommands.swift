@@ -101,8 +101,10 @@ func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
         user PIN to the one in F (C_SetPIN; F is read like a pin-source: one line, no other
         user may read it). Run it as the user signerd runs as (SoftHSM keeps its files per user).
         Then write the new PIN into every PIN file (signerd's pin-source or LoadCredential=
-        source, and signctl's), and reload signerd: it keeps its login until then, but could
-        not log in again with the old PIN.
+        source, and signctl's), and restart signerd (systemctl restart signerd) when systemd
+        passes it the PIN with LoadCredential=, as the shipped unit does: a reload would read
+        systemd's old copy; reload it when its pin-source names the file itself. It keeps its
+        login until then, but could not log in again with the old PIN.
         """)
         return .success
     }
@@ -112,7 +114,8 @@ func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
     defer { token.close() }
     try token.changeUserPIN(to: newPIN)
     print("changed the user PIN of token \(token.label)")
-    print("next: write the new PIN into every PIN file (signerd's and signctl's), then reload signerd (systemctl reload signerd)")
+    print("next: write the new PIN into every PIN file (signerd's and signctl's), then systemctl restart signerd "
+        + "(LoadCredential=, the shipped unit: a reload would read systemd's old copy), or systemctl reload signerd when its pin-source names the file itself")
     return .success
 }
 

@@ -12,7 +12,7 @@ Token and keys (talk to the PKCS#11 token named by token_uri in the config):
                          no other user may read (0600, or 0640 with signerd's group)
   token change-pin --new-pin-file F
                          change the user PIN (C_SetPIN) from the one token_uri's pin-source gives;
-                         then put the new PIN in every PIN file and reload signerd
+                         then put the new PIN in every PIN file and restart signerd (reload without LoadCredential=)
   keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] FILE.p8
                          import an App Store In-App Purchase key (non-extractable, self-tested);
                          a key already on the token under another key ID is refused (65)

@@ -25,6 +25,8 @@ struct TokenPINChangeTests {
         let changed = runSignctl(["--config", daemon.configPath, "token", "change-pin", "--new-pin-file", newFile], environment: environment)
         #expect(changed.status == 0, "\(changed.stderr)")
         #expect(changed.stdout.contains("changed the user PIN of token"), "\(changed.stdout)")
+        // With the shipped unit (LoadCredential=) a reload reads systemd's old copy of the PIN: the next step is a restart.
+        #expect(changed.stdout.contains("systemctl restart signerd"), "\(changed.stdout)")
         for output in [tooShort.stdout, tooShort.stderr, changed.stdout, changed.stderr] {
             #expect(!output.contains(newPIN) && !output.contains(oldPIN.trimmingCharacters(in: .whitespacesAndNewlines)), "no PIN in the output")
         }
