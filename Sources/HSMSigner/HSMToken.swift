@@ -679,9 +679,11 @@ public final class HSMToken: @unchecked Sendable {
             // Escalate: new sessions and a fresh login first when the module
             // itself did not fail; C_Finalize + C_Initialize when it did or
             // when the lighter step failed, but never while a call is still
-            // inside the module (finalizing under it is undefined behaviour).
+            // inside the module (finalizing under it is undefined behaviour):
+            // a C_Sign being written off, or any call on a session still
+            // leased (a hung C_FindObjects holds its lease).
             let full = state.withLock { $0.needsReinitialize } || attempt > 1
-            let outcome = rebuild(reinitialize: full && callsInModule == 0)
+            let outcome = rebuild(reinitialize: full && callsInModule == 0 && pool.usage.inUse == 0)
             switch outcome {
             case .success:
                 let (label, since) = state.withLock { state -> (String, UInt64) in
@@ -705,7 +707,7 @@ public final class HSMToken: @unchecked Sendable {
 
     private func rebuild(reinitialize: Bool) -> Result<Void, HSMError> {
         if reinitialize {
-            let rv = loginLock.withLock { _ in functions.module.reinitialize() }
+            let rv = loginLock.withLock { _ in functions.reinitializeModule() }
             guard rv == .ok || rv == .cryptokiAlreadyInitialized else {
                 return .failure(HSMError(pkcs11: .initialize, rv, message: "cannot reinitialize the module"))
             }

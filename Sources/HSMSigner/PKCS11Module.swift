@@ -208,6 +208,13 @@ struct PKCS11Functions: @unchecked Sendable {
         return (rv, UInt(session))
     }
 
+    /// `C_Finalize` then `C_Initialize` on the module (``PKCS11Module/reinitialize()``),
+    /// through the seam as `C_Finalize`.
+    func reinitializeModule() -> PKCS11ReturnValue {
+        if let rv = intercepted(.finalize, 0) { return rv }
+        return module.reinitialize()
+    }
+
     /// `C_CloseSession`.
     @discardableResult
     func closeSession(_ session: UInt) -> PKCS11ReturnValue {

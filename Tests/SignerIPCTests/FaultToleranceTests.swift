@@ -212,6 +212,27 @@ struct FaultToleranceTests {
         #expect(samples.allSatisfy { $0.status == 200 || $0.status == 503 }, "\(Set(samples.map(\.status)))")
     }
 
+    /// Recovery's C_Finalize waited only for C_Sign calls to leave the
+    /// module; a hung C_FindObjects (or any call on a leased session) could
+    /// have the module finalized under it, which PKCS#11 leaves undefined.
+    @Test("recovery does not reinitialize the module while a C_FindObjects is inside it; it recovers with new sessions instead")
+    func noFinalizeUnderHungSearch() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 5000)
+        defer { daemon.stop() }
+        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
+        #expect(try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
+        let searches = daemon.faults.calls(.findObjects)
+        daemon.faults.hang(.findObjects, seconds: 3, count: 1)
+        daemon.faults.invalidateObjects()
+        OSThread.start { _ = try? SignerClient(socketPath: daemon.socketPath, timeout: 10).send("POST", "/v1/sign/promotional-offer", body: body) }
+        #expect(poll(seconds: 2) { daemon.faults.calls(.findObjects) > searches }, "the key's search is hanging")
+        let finalizes = daemon.faults.calls(.finalize)
+        daemon.token.markDown(reason: PKCS11ReturnValue.deviceError.name, reinitialize: true)
+        #expect(poll(seconds: 2.5) { daemon.logged("token_up") > 0 }, "\(daemon.logLines.lines.suffix(4))")
+        #expect(daemon.faults.calls(.finalize) == finalizes, "no C_Finalize while the search was inside the module")
+        try expectHealthy(daemon)
+    }
+
     @Test("every session stuck in a hung C_Sign: /healthz and /metrics still answer at once; each hung request gets 503 with Connection: close at sign_timeout_ms")
     func everySessionHung() throws {
         let daemon = try InProcessDaemon(signTimeoutMs: 1000, sessions: 2)
