@@ -123,17 +123,36 @@ public final class ECPrivateKeyMaterial: Sendable {
         }
     }
 
-    /// Reads a whole small file into a wiped buffer, never through `String`.
-    static func readSecretFile(_ path: String) throws(CryptoError) -> SecureBytes {
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
+    /// Opens `path` for reading and refuses anything but a regular file
+    /// (`O_NONBLOCK`: a FIFO given by mistake must not hang the open).
+    /// - Returns: the descriptor, which the caller closes, and its `stat`.
+    /// - Throws: ``CryptoError`` `key_file_unreadable` naming the path and the reason.
+    static func openRegularFile(_ path: String) throws(CryptoError) -> (fd: Int32, info: stat) {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
         guard fd >= 0 else {
             throw CryptoError(.keyFileUnreadable, "cannot open \(path): \(String(cString: strerror(errno)))")
         }
-        defer { close(fd) }
         var info = stat()
         guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
+            close(fd)
             throw CryptoError(.keyFileUnreadable, "\(path) is not a regular file")
         }
+        return (fd, info)
+    }
+
+    /// Fails as ``init(contentsOf:)`` would for a key file that cannot be
+    /// opened or is not a regular file; reads nothing. For callers that must
+    /// name a missing file before they look at its name.
+    /// - Parameter path: the key file.
+    /// - Throws: ``CryptoError`` `key_file_unreadable`.
+    package static func checkFileOpens(_ path: String) throws(CryptoError) {
+        close(try openRegularFile(path).fd)
+    }
+
+    /// Reads a whole small file into a wiped buffer, never through `String`.
+    static func readSecretFile(_ path: String) throws(CryptoError) -> SecureBytes {
+        let (fd, info) = try openRegularFile(path)
+        defer { close(fd) }
         guard Int(info.st_size) <= maximumFileSize else {
             throw CryptoError(.keyFileUnreadable, "\(path) is \(info.st_size) bytes; a key file is under \(maximumFileSize)")
         }

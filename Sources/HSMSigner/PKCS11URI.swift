@@ -177,13 +177,20 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             unchecked.append("module-name=\(moduleName) is resolved by p11-kit only when the token is opened")
         }
         if p11_kit_uri_get_pin_value(uri) == nil, let path = pinSource.flatMap(PKCS11URI.pinFilePath),
-           PKCS11URI.lexicallyNormalized(path).hasPrefix("/run/credentials/"), getenv("CREDENTIALS_DIRECTORY") == nil {
-            // Normalized first: /run/credentials/../../etc/pin is an ordinary file, and is checked.
+           PKCS11URI.isSystemdCredential(path), getenv("CREDENTIALS_DIRECTORY") == nil {
             unchecked.append("the PIN file \(path) exists only inside the service (LoadCredential=); it is checked when the service starts")
         } else {
             _ = try readPIN()
         }
         return unchecked
+    }
+
+    /// Whether `path` is a copy systemd's `LoadCredential=` makes, under
+    /// `/run/credentials/`, which exists only inside the service. The path
+    /// is normalized first: `/run/credentials/../../etc/pin` is an ordinary file.
+    /// - Parameter path: an absolute path.
+    package static func isSystemdCredential(_ path: String) -> Bool {
+        lexicallyNormalized(path).hasPrefix("/run/credentials/")
     }
 
     /// `path` with `.` and `..` components and repeated slashes resolved

@@ -59,7 +59,7 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
 /// inside the running service, so the service's own configuration never
 /// works for signctl.
 func pinSourceHint(_ pinSource: String?, configPath: String) -> String {
-    if let path = pinSource.flatMap(PKCS11URI.pinFilePath), path.hasPrefix("/run/credentials/") {
+    if let path = pinSource.flatMap(PKCS11URI.pinFilePath), PKCS11URI.isSystemdCredential(path) {
         return "\(path) is systemd's copy of the PIN (LoadCredential=), which exists only inside the running service; "
             + "give signctl a configuration of its own, --config FILE, whose token_uri has pin-source=file: naming a PIN file this user can read "
             + "(docs/OPERATIONS.md: /etc/signerd/signctl.json)"
@@ -139,7 +139,7 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     }
     let path = try arguments.positionals(1, "the key file (FILE.p8)")[0]
     // A file that is not there is the problem to name, not the key ID its name lacks.
-    try checkKeyFileOpens(path)
+    try ECPrivateKeyMaterial.checkFileOpens(path)
     let nameKeyID = ECPrivateKeyMaterial.keyID(fromFileName: path)
     guard let keyID = arguments.options["key-id"] ?? nameKeyID else {
         throw UsageError("cannot tell the key ID from the file name \(path)", hint: "pass --key-id ID (10 characters A-Z0-9, as App Store Connect shows it)")
@@ -171,22 +171,6 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
         print("the .p8 file is no longer needed on this host; keep the original offline")
     }
     return .success
-}
-
-/// Fails as reading the key file would (`key_file_unreadable`, exit 65)
-/// when `path` cannot be opened or is not a regular file; reads nothing.
-/// - Throws: ``CryptoError`` with ``CryptoError/Code/keyFileUnreadable``.
-func checkKeyFileOpens(_ path: String) throws(CryptoError) {
-    // O_NONBLOCK: a FIFO given by mistake must not hang the open.
-    let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
-    guard fd >= 0 else {
-        throw CryptoError(.keyFileUnreadable, "cannot open \(path): \(String(cString: strerror(errno)))")
-    }
-    defer { close(fd) }
-    var info = stat()
-    guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
-        throw CryptoError(.keyFileUnreadable, "\(path) is not a regular file")
-    }
 }
 
 /// What `keys import --json` prints; `replaced` is a JSON boolean.

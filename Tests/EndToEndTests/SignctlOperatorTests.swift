@@ -329,18 +329,7 @@ struct SignctlHintTests {
     /// connect to any socket), else as this user.
     static func runSignctlUnprivileged(_ arguments: [String]) -> (status: Int32, stdout: String, stderr: String) {
         guard getuid() == 0 else { return runSignctl(arguments) }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-        process.arguments = ["--reuid=65534", "--regid=65534", "--clear-groups", "--", Binaries.signctl] + arguments
-        let output = Pipe()
-        let errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        do { try process.run() } catch { return (-1, "", "\(error)") }
-        let out = output.fileHandleForReading.readDataToEndOfFile()
-        let err = errors.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
+        return runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "--", Binaries.signctl] + arguments)
     }
 
     /// Whether a caller other than root can be had: this user, or uid 65534
