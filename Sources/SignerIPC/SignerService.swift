@@ -642,10 +642,19 @@ public final class SignerService: HTTPHandler, Sendable {
     /// has been running for `runningMs` (past `sign_timeout_ms`).
     private func stuckReadiness(_ config: SignerConfiguration, runningMs: UInt64) -> (Bool, ReadinessResponse) {
         let reason = "a readiness check has been running for \(runningMs) ms (a PKCS#11 call did not return)"
+        return notReady(reason, keys: Self.failing(config.keys, reason))
+    }
+
+    /// Every key in `keys` as failed for `reason`, checked now.
+    private static func failing(_ keys: [KeyConfiguration], _ reason: String) -> [ReadinessResponse.Key] {
         let now = AppleFields.nowMilliseconds()
-        return (false, ReadinessResponse(status: "not_ready", reason: reason,
-                                         keys: config.keys.map { .init(keyID: $0.keyID, ok: false, lastCheckMs: now, error: reason) },
-                                         error: .init(code: APIError.Code.hsmUnavailable.rawValue, message: reason)))
+        return keys.map { .init(keyID: $0.keyID, ok: false, lastCheckMs: now, error: reason) }
+    }
+
+    /// The not-ready answer: `reason` as the status reason and as the error (`hsm_unavailable`).
+    private func notReady(_ reason: String, keys: [ReadinessResponse.Key]) -> (Bool, ReadinessResponse) {
+        (false, ReadinessResponse(status: "not_ready", reason: reason, keys: keys,
+                                  error: .init(code: APIError.Code.hsmUnavailable.rawValue, message: reason)))
     }
 
     private func runReadinessChecks(_ config: SignerConfiguration) -> (Bool, ReadinessResponse) {
@@ -663,7 +672,7 @@ public final class SignerService: HTTPHandler, Sendable {
         }
         if let tokenProblem {
             failures.append(tokenProblem)
-            keys = config.keys.map { .init(keyID: $0.keyID, ok: false, lastCheckMs: now, error: tokenProblem) }
+            keys = Self.failing(config.keys, tokenProblem)
         } else {
             for key in config.keys {
                 do {
@@ -687,9 +696,7 @@ public final class SignerService: HTTPHandler, Sendable {
         if failures.isEmpty {
             return (true, ReadinessResponse(status: "ready", keys: keys))
         }
-        let reason = failures.joined(separator: "; ")
-        return (false, ReadinessResponse(status: "not_ready", reason: reason, keys: keys,
-                                         error: .init(code: APIError.Code.hsmUnavailable.rawValue, message: reason)))
+        return notReady(failures.joined(separator: "; "), keys: keys)
     }
 }
 
