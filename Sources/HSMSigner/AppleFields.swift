@@ -88,30 +88,39 @@ public enum AppleFields {
     /// - Returns: the lowercase UUID.
     /// - Throws: ``FieldError`` `invalid_field` when `value` is not a UUID.
     public static func normalizeUUID(_ value: String, field: String) throws(FieldError) -> String {
-        let bytes = Array(value.utf8)
-        guard bytes.count == 36 else {
+        var value = value
+        // 0: not a UUID, 1: a lowercase UUID, 2: a UUID with uppercase digits.
+        let form = value.withUTF8 { bytes -> Int in
+            guard bytes.count == 36 else { return 0 }
+            var form = 1
+            for index in 0..<36 {
+                let byte = bytes[index]
+                switch byte {
+                case UInt8(ascii: "-") where index == 8 || index == 13 || index == 18 || index == 23: continue
+                case _ where index == 8 || index == 13 || index == 18 || index == 23: return 0
+                case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "f"): continue
+                case UInt8(ascii: "A")...UInt8(ascii: "F"): form = 2
+                default: return 0
+                }
+            }
+            return form
+        }
+        switch form {
+        case 1:
+            return value  // already as signed: no copy
+        case 2:
+            return value.withUTF8 { bytes in
+                String(unsafeUninitializedCapacity: 36) { out in
+                    for index in 0..<36 {
+                        let byte = bytes[index]
+                        out[index] = byte >= UInt8(ascii: "A") && byte <= UInt8(ascii: "F") ? byte + 0x20 : byte
+                    }
+                    return 36
+                }
+            }
+        default:
             throw .invalid(field, "\(field) must be a UUID (8-4-4-4-12 hexadecimal digits, e.g. 4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1b)")
         }
-        var out = [UInt8]()
-        out.reserveCapacity(36)
-        for (index, byte) in bytes.enumerated() {
-            if index == 8 || index == 13 || index == 18 || index == 23 {
-                guard byte == UInt8(ascii: "-") else {
-                    throw .invalid(field, "\(field) must be a UUID (8-4-4-4-12 hexadecimal digits, e.g. 4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1b)")
-                }
-                out.append(byte)
-                continue
-            }
-            switch byte {
-            case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "f"):
-                out.append(byte)
-            case UInt8(ascii: "A")...UInt8(ascii: "F"):
-                out.append(byte + 0x20)
-            default:
-                throw .invalid(field, "\(field) must be a UUID (8-4-4-4-12 hexadecimal digits, e.g. 4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1b)")
-            }
-        }
-        return String(decoding: out, as: UTF8.self)
     }
 
     /// Normalizes an app account token: empty stays empty (Apple signs the

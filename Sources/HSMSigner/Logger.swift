@@ -139,7 +139,9 @@ public struct Logger: Sendable {
         return "\(parts.tm_year + 1900)-\(two(parts.tm_mon + 1))-\(two(parts.tm_mday))T\(two(parts.tm_hour)):\(two(parts.tm_min)):\(two(parts.tm_sec)).\(ms)Z"
     }
 
-    /// Appends `text` as a JSON string literal (RFC 8259 §7).
+    /// Appends `text` as a JSON string literal (RFC 8259 §7): the same
+    /// escapes as the `[UInt8]` form of `appendJSONString`, which does the
+    /// work for any text that needs one.
     public static func appendJSONString(_ text: String, to out: inout String) {
         // Fast path: printable ASCII without quote or backslash goes in as is.
         var text = text
@@ -152,22 +154,54 @@ public struct Logger: Sendable {
             out += "\""
             return
         }
-        out += "\""
-        for scalar in text.unicodeScalars {
-            switch scalar {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\r": out += "\\r"
-            case "\t": out += "\\t"
-            default:
-                if scalar.value < 0x20 || scalar.value == 0x2028 || scalar.value == 0x2029 {
-                    out += "\\u" + String(scalar.value, radix: 16).leftPadded(to: 4)
-                } else {
-                    out.unicodeScalars.append(scalar)
-                }
+        var escaped: [UInt8] = []
+        appendJSONString(text, to: &escaped)
+        out += String(decoding: escaped, as: UTF8.self)
+    }
+
+    /// Appends `text` as a JSON string literal (RFC 8259 §7), as UTF-8
+    /// bytes: `"` and `\` escaped, `\n` `\r` `\t` by name, other control
+    /// characters and U+2028/U+2029 (line breaks to JavaScript) as `\uXXXX`,
+    /// everything else as its own UTF-8.
+    /// - Parameters:
+    ///   - text: any string.
+    ///   - out: the buffer appended to.
+    public static func appendJSONString(_ text: String, to out: inout [UInt8]) {
+        out.append(UInt8(ascii: "\""))
+        var text = text
+        text.withUTF8 { bytes in
+            // Printable ASCII without quote or backslash, and any UTF-8
+            // sequence but E2 80 A8/A9, is copied in runs.
+            var runStart = 0
+            var index = 0
+            func flush() {
+                if runStart < index { out.append(contentsOf: UnsafeBufferPointer(rebasing: bytes[runStart..<index])) }
             }
+            while index < bytes.count {
+                let byte = bytes[index]
+                var width = 1
+                let escape: String
+                switch byte {
+                case 0x22: escape = "\\\""
+                case 0x5c: escape = "\\\\"
+                case 0x0a: escape = "\\n"
+                case 0x0d: escape = "\\r"
+                case 0x09: escape = "\\t"
+                case 0x00..<0x20: escape = "\\u" + String(byte, radix: 16).leftPadded(to: 4)
+                case 0xe2 where index + 2 < bytes.count && bytes[index + 1] == 0x80 && (bytes[index + 2] == 0xa8 || bytes[index + 2] == 0xa9):
+                    escape = bytes[index + 2] == 0xa8 ? "\\u2028" : "\\u2029"
+                    width = 3
+                default:
+                    index += 1
+                    continue
+                }
+                flush()
+                out.append(contentsOf: escape.utf8)
+                index += width
+                runStart = index
+            }
+            flush()
         }
-        out += "\""
+        out.append(UInt8(ascii: "\""))
     }
 }

@@ -417,41 +417,44 @@ protocol DirectJSON {
     var jsonBytes: [UInt8] { get }
 }
 
-/// Builds one compact JSON object member by member.
+/// Builds one compact JSON object member by member, as UTF-8 bytes.
 struct JSONObjectWriter {
-    private var text: String
+    private var buffer: [UInt8]
     private var first = true
 
     init() {
-        text = "{"
-        text.reserveCapacity(256)  // a signing response fits; growing costs copies
+        buffer = [UInt8(ascii: "{")]
+        buffer.reserveCapacity(256)  // a signing response fits; growing costs copies
     }
 
-    private mutating func key(_ name: String) {
-        if !first { text += "," }
+    private mutating func key(_ name: StaticString) {
+        if !first { buffer.append(UInt8(ascii: ",")) }
         first = false
-        text += "\""
-        text += name
-        text += "\":"
+        buffer.append(UInt8(ascii: "\""))
+        name.withUTF8Buffer { buffer.append(contentsOf: $0) }  // member names are plain ASCII
+        buffer.append(contentsOf: [UInt8(ascii: "\""), UInt8(ascii: ":")])
     }
 
-    mutating func add(_ name: String, _ value: String) {
+    mutating func add(_ name: StaticString, _ value: String) {
         key(name)
-        Logger.appendJSONString(value, to: &text)
+        Logger.appendJSONString(value, to: &buffer)
     }
 
-    mutating func add(_ name: String, _ value: Int64) {
+    mutating func add(_ name: StaticString, _ value: Int64) {
         key(name)
-        text += String(value)
+        buffer.append(contentsOf: String(value).utf8)
     }
 
-    mutating func add(_ name: String, raw json: String) {
+    mutating func add(_ name: StaticString, raw json: [UInt8]) {
         key(name)
-        text += json
+        buffer.append(contentsOf: json)
     }
 
-    var string: String { text + "}" }
-    var bytes: [UInt8] { Array(string.utf8) }
+    /// The object, closed: the writer's last use.
+    consuming func bytes() -> [UInt8] {
+        buffer.append(UInt8(ascii: "}"))
+        return buffer
+    }
 }
 
 extension PromotionalOfferResponse: DirectJSON {
@@ -462,7 +465,7 @@ extension PromotionalOfferResponse: DirectJSON {
         writer.add("nonce", nonce)
         writer.add("timestamp", timestamp)
         writer.add("signature", signature)
-        return writer.bytes
+        return writer.bytes()
     }
 }
 
@@ -472,7 +475,7 @@ extension JWSResponse: DirectJSON {
         writer.add("jws", jws)
         writer.add("key_id", keyID)
         writer.add("nonce", nonce)
-        return writer.bytes
+        return writer.bytes()
     }
 }
 
@@ -483,13 +486,15 @@ extension ServerAPITokenResponse: DirectJSON {
         writer.add("key_id", keyID)
         writer.add("issued_at", issuedAt)
         writer.add("expires_at", expiresAt)
-        return writer.bytes
+        return writer.bytes()
     }
 }
 
 extension OffersResponse: DirectJSON {
     var jsonBytes: [UInt8] {
-        let entries = offers.map { offer -> String in
+        var out = Array(#"{"offers":["#.utf8)
+        for (index, offer) in offers.enumerated() {
+            if index > 0 { out.append(UInt8(ascii: ",")) }
             var writer = JSONObjectWriter()
             if let keyID = offer.keyID { writer.add("key_id", keyID) }
             writer.add("offer_id", offer.offerID)
@@ -499,17 +504,18 @@ extension OffersResponse: DirectJSON {
                 inner.add("nonce", data.nonce)
                 inner.add("signature", data.signature)
                 inner.add("timestamp", data.timestamp)
-                writer.add("signature_data", raw: inner.string)
+                writer.add("signature_data", raw: inner.bytes())
             }
             if let error = offer.signatureError {
                 var inner = JSONObjectWriter()
                 inner.add("code", Int64(error.code))
                 inner.add("message", error.message)
-                writer.add("signature_error", raw: inner.string)
+                writer.add("signature_error", raw: inner.bytes())
             }
-            return writer.string
+            out.append(contentsOf: writer.bytes())
         }
-        return Array(("{\"offers\":[" + entries.joined(separator: ",") + "]}").utf8)
+        out.append(contentsOf: "]}".utf8)
+        return out
     }
 }
 

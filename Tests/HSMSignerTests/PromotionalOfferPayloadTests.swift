@@ -106,6 +106,28 @@ struct PromotionalOfferPayloadTests {
         #expect(seen.count == 1000)
     }
 
+    @Test("a UUID in any case comes back lowercase; a lowercase one unchanged; anything else is refused naming the field")
+    func uuidForms() throws {
+        #expect(try AppleFields.normalizeUUID("4A0F7B8E-2F1D-4C6A-9B3E-5D7C8E9F0A1B", field: "nonce") == "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1b")
+        #expect(try AppleFields.normalizeUUID("4a0F7b8E-2f1d-4C6a-9b3e-5d7c8e9f0a1B", field: "nonce") == "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1b")
+        #expect(try AppleFields.normalizeUUID("4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1b", field: "nonce") == "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1b")
+        let refused = [
+            "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1",    // 35 characters
+            "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1bc",  // 37
+            "4a0f7b8-e2f1d-4c6a-9b3e-5d7c8e9f0a1b",   // a dash one place early
+            "4a0f7b8e02f1d-4c6a-9b3e-5d7c8e9f0a1b",   // a digit where a dash belongs
+            "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1g",   // not hexadecimal
+            "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0aé",    // 36 UTF-8 bytes, 35 characters
+            "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a-b",   // a dash among the digits
+            "",
+        ]
+        for value in refused {
+            let error = #expect(throws: FieldError.self, "\(value)") { try AppleFields.normalizeUUID(value, field: "app_account_token") }
+            #expect(error?.field == "app_account_token")
+            #expect(error?.message.contains("must be a UUID") == true)
+        }
+    }
+
     @Test("transaction IDs are 1–64 digits")
     func transactionIDs() throws {
         try AppleFields.checkTransactionID("2000000123456789")
