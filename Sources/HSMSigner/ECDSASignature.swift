@@ -103,38 +103,39 @@ public enum ECDSASignature {
             throw SignatureEncodingError("raw_length", "a raw \(curve) signature is \(2 * n) bytes (r ‖ s, \(n) each); got \(raw.count)")
         }
         let bytes = Array(raw)
-        let r = integerContent(bytes[0..<n])
-        let s = integerContent(bytes[n..<(2 * n)])
-        guard let r, let s else {
+        // Where each half's minimal INTEGER content starts: its first
+        // non-zero byte, after a 0x00 pad when that byte has the top bit set.
+        func firstNonZero(_ start: Int) -> Int? {
+            var index = start
+            while index < start + n && bytes[index] == 0 { index += 1 }
+            return index < start + n ? index : nil
+        }
+        guard let rStart = firstNonZero(0), let sStart = firstNonZero(n) else {
             throw SignatureEncodingError("zero_half", "r and s must not be zero")
         }
-        let body = r.count + s.count + 4
-        var out: [UInt8] = [0x30]
-        out.reserveCapacity(body + 3)
-        if body < 0x80 {
-            out.append(UInt8(body))
-        } else {
-            // At most 2 × (66 + 1) + 4 = 138 bytes: one length byte suffices.
-            out.append(0x81)
-            out.append(UInt8(body))
+        let rPad = bytes[rStart] & 0x80 != 0, sPad = bytes[sStart] & 0x80 != 0
+        let rCount = n - rStart + (rPad ? 1 : 0), sCount = 2 * n - sStart + (sPad ? 1 : 0)
+        // At most 2 × (66 + 1) + 4 = 138 bytes: one length byte suffices.
+        let body = rCount + sCount + 4
+        return [UInt8](unsafeUninitializedCapacity: body + 3) { out, count in
+            var position = 0
+            func put(_ byte: UInt8) {
+                out[position] = byte
+                position += 1
+            }
+            func putInteger(pad: Bool, from start: Int, to end: Int, count: Int) {
+                put(0x02)
+                put(UInt8(count))
+                if pad { put(0x00) }
+                for index in start..<end { put(bytes[index]) }
+            }
+            put(0x30)
+            if body >= 0x80 { put(0x81) }
+            put(UInt8(body))
+            putInteger(pad: rPad, from: rStart, to: n, count: rCount)
+            putInteger(pad: sPad, from: sStart, to: 2 * n, count: sCount)
+            count = position
         }
-        out.append(0x02)
-        out.append(UInt8(r.count))
-        out.append(contentsOf: r)
-        out.append(0x02)
-        out.append(UInt8(s.count))
-        out.append(contentsOf: s)
-        return out
-    }
-
-    /// The minimal positive INTEGER content of a big-endian unsigned number,
-    /// or nil when the number is zero.
-    private static func integerContent(_ half: ArraySlice<UInt8>) -> ArraySlice<UInt8>? {
-        guard let first = half.firstIndex(where: { $0 != 0 }) else { return nil }
-        if half[first] & 0x80 != 0 {
-            return [0x00] + half[first...]
-        }
-        return half[first...]
     }
 
     /// Decodes a strict DER `ECDSA-Sig-Value` into raw `r ‖ s`, each half

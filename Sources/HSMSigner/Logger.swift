@@ -179,6 +179,11 @@ public struct Logger: Sendable {
             }
             while index < bytes.count {
                 let byte = bytes[index]
+                // Most bytes need nothing: test for the four that might first.
+                guard byte < 0x20 || byte == 0x22 || byte == 0x5c || byte == 0xe2 else {
+                    index += 1
+                    continue
+                }
                 var width = 1
                 let escape: String
                 switch byte {
