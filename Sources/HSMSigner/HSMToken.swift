@@ -443,7 +443,8 @@ public final class HSMToken: @unchecked Sendable {
     /// The corresponding PKCS#11 function is `C_SetPIN`.
     /// - Parameter newPIN: the new user PIN.
     /// - Throws: ``HSMError/Code/pinRejected`` (`CKR_PIN_LEN_RANGE` before
-    ///   any change, or what `C_SetPIN` returns for a PIN the token refuses:
+    ///   any change, a new PIN equal to the current one, or what `C_SetPIN`
+    ///   returns for a PIN the token refuses:
     ///   `CKR_PIN_INVALID`, `CKR_PIN_INCORRECT`); `pkcs11_failure` naming
     ///   the function otherwise.
     public func changeUserPIN(to newPIN: SecureBytes) throws(HSMError) {
@@ -451,6 +452,13 @@ public final class HSMToken: @unchecked Sendable {
         let (infoRV, info) = functions.tokenInfo(slot: slot)
         if infoRV == .ok, let lengths = info?.pinLengths {
             try TokenAdministration.refusePIN(newPIN, named: "new PIN (--new-pin-file)", outside: lengths, label: label)
+        }
+        // C_SetPIN accepts the PIN the token already has; saying "changed"
+        // then would leave an operator rotating nothing.
+        if pin.withLock({ $0.hasSameBytes(as: newPIN) }) {
+            var error = HSMError(.pinRejected, "the new PIN (--new-pin-file) is the PIN token \(label) already has; nothing was changed: write a different PIN into the file")
+            error.tokenLabel = label
+            throw error
         }
         try withReadWriteSession { (session) throws(HSMError) in
             let rv = pin.withLock { functions.setPIN(session, old: $0, new: newPIN) }

@@ -59,6 +59,17 @@ public final class SecureBytes: @unchecked Sendable {
     /// The number of secret bytes (the capacity may be larger).
     public var count: Int { length }
 
+    /// Whether `other` holds the same bytes, compared in constant time for
+    /// equal lengths (OpenSSL's `CRYPTO_memcmp`), so the comparison does not
+    /// tell how many leading bytes match.
+    /// - Parameter other: another secret.
+    /// - Returns: true when both lengths and all bytes are equal.
+    public func hasSameBytes(as other: SecureBytes) -> Bool {
+        guard length == other.length else { return false }
+        guard length > 0 else { return true }
+        return CRYPTO_memcmp(storage.baseAddress, other.storage.baseAddress, length) == 0
+    }
+
     deinit {
         OPENSSL_cleanse(storage.baseAddress, storage.count)
         if locked {

@@ -6,7 +6,7 @@ import Testing
 /// reached for OpenSC's `pkcs11-tool`, PINs on its command line included.
 @Suite("signctl token change-pin")
 struct TokenPINChangeTests {
-    @Test("changes the user PIN with C_SetPIN: the old PIN is refused after, the new one signs; a PIN the token cannot take changes nothing")
+    @Test("changes the user PIN with C_SetPIN: the old PIN is refused after, the new one signs; a PIN the token cannot take, or the same PIN, changes nothing")
     func changePIN() throws {
         let daemon = try DaemonHarness()
         let pinFile = try CheckConfigTests().pinPath(daemon)
@@ -21,13 +21,19 @@ struct TokenPINChangeTests {
         #expect(tooShort.stderr.contains("shorter") && tooShort.stderr.contains("nothing was changed"), "\(tooShort.stderr)")
         #expect(runSignctl(["--config", daemon.configPath, "keys", "list"], environment: environment).status == 0, "the old PIN still works")
 
+        try writeSecretFile(newFile, oldPIN)
+        let same = runSignctl(["--config", daemon.configPath, "token", "change-pin", "--new-pin-file", newFile], environment: environment)
+        #expect(same.status == 77, "\(same.stderr)")
+        #expect(same.stderr.contains("already has") && same.stderr.contains("nothing was changed"), "\(same.stderr)")
+        #expect(!same.stdout.contains("changed the user PIN"), "\(same.stdout)")
+
         try writeSecretFile(newFile, newPIN + "\n")
         let changed = runSignctl(["--config", daemon.configPath, "token", "change-pin", "--new-pin-file", newFile], environment: environment)
         #expect(changed.status == 0, "\(changed.stderr)")
         #expect(changed.stdout.contains("changed the user PIN of token"), "\(changed.stdout)")
         // With the shipped unit (LoadCredential=) a reload reads systemd's old copy of the PIN: the next step is a restart.
         #expect(changed.stdout.contains("systemctl restart signerd"), "\(changed.stdout)")
-        for output in [tooShort.stdout, tooShort.stderr, changed.stdout, changed.stderr] {
+        for output in [tooShort.stdout, tooShort.stderr, same.stdout, same.stderr, changed.stdout, changed.stderr] {
             #expect(!output.contains(newPIN) && !output.contains(oldPIN.trimmingCharacters(in: .whitespacesAndNewlines)), "no PIN in the output")
         }
         let refused = runSignctl(["--config", daemon.configPath, "keys", "list"], environment: environment)
