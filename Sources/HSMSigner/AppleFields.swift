@@ -129,7 +129,12 @@ public enum AppleFields {
     /// - Returns: `""` or the lowercase UUID.
     /// - Throws: ``FieldError`` `invalid_field` (`app_account_token`).
     public static func normalizeAppAccountToken(_ value: String) throws(FieldError) -> String {
-        value.isEmpty ? "" : try normalizeUUID(value, field: "app_account_token")
+        guard !value.isEmpty else { return "" }
+        do throws(FieldError) {
+            return try normalizeUUID(value, field: "app_account_token")
+        } catch {
+            throw .invalid("app_account_token", error.message + ", or empty for a purchase that sets no app account token")
+        }
     }
 
     /// A fresh random UUID v4 (RFC 4122 §4.4), lowercase.

@@ -178,7 +178,7 @@ public enum JSONValue: Sendable, Equatable, Codable {
     }
 
     private static func inexact(_ text: String, path: String) -> APIError {
-        APIError(.invalidField, "\(path.isEmpty ? "the value" : path) is \(text), beyond the numbers signerd signs exactly: integers from −9223372036854775808 to 9223372036854775807, written without a fraction or exponent", field: path.isEmpty ? nil : path)
+        APIError(.invalidField, "\(path.isEmpty ? "the value" : path) is \(text), beyond the numbers signerd signs exactly: integers from -9223372036854775808 to 9223372036854775807, written without a fraction or exponent", field: path.isEmpty ? nil : path)
     }
 
     /// The path of the first number with a fraction or exponent in the
@@ -343,8 +343,16 @@ public struct FieldReader {
         } catch {
             // The parser says where and why ("Too many nested arrays or dictionaries around character 513.").
             // It can quote the input (a 60,000-digit number whole): keep the reason short.
-            throw .notJSON(((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String).map(Self.shortened))
+            throw .notJSON(((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String).map(Self.reason))
         }
+    }
+
+    /// The parser's reason as a clause of signerd's sentence: shortened,
+    /// without its closing period ("Unexpected end of file during JSON parse").
+    static func reason(_ text: String) -> String {
+        var text = Self.shortened(text)
+        while text.hasSuffix(".") { text.removeLast() }
+        return text
     }
 
     /// `text` cut to 200 characters, followed by "…" and how many were left out.
@@ -593,8 +601,8 @@ public struct FieldReader {
     public mutating func optionalInteger(_ name: String, _ unit: String = "") throws(APIError) -> Int64? {
         guard let value = take(name) else { return nil }
         guard case .integer(let number) = value else {
-            let detail = unit.isEmpty ? "an integer" : "an integer (\(unit))"
-            throw APIError(.invalidField, "\(path)\(name) must be \(detail) JSON number; got \(value.kind)", field: path + name)
+            let detail = unit.isEmpty ? "an integer JSON number" : "an integer JSON number (\(unit))"
+            throw APIError(.invalidField, "\(path)\(name) must be \(detail); got \(value.kind)", field: path + name)
         }
         return number
     }

@@ -422,7 +422,7 @@ public final class SignerService: HTTPHandler, Sendable {
         let serving = config.keys.filter { $0.allows(bundleID: bundleID) && callerMay($0) }
         if serving.count == 1 { return serving[0] }
         if serving.isEmpty {
-            throw APIError(.bundleNotAllowed, "no configured In-App Purchase key may sign for bundle_id \(bundleID)", field: "bundle_id")
+            throw APIError(.bundleNotAllowed, "no configured In-App Purchase key may sign for bundle_id \"\(bundleID)\"", field: "bundle_id")
         }
         if let defaultKey = serving.first(where: { $0.keyID == config.defaultKeyID }) { return defaultKey }
         throw APIError(.missingField, "key_id is required: \(serving.count) keys serve bundle_id \(bundleID) (\(serving.map(\.keyID).joined(separator: ", "))) and none is default_key_id", field: "key_id")

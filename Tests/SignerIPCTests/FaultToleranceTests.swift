@@ -21,8 +21,9 @@ struct FaultOutcome: CustomStringConvertible {
     let failureStatuses: [Int: Int]
 
     var description: String {
-        String(format: "%@: %d requests, %d failed %@, %d wrong signatures, signatures flowing again %.2f s after the fault",
-               name, requests, failed, failureStatuses.isEmpty ? "" : "\(failureStatuses.sorted { $0.key < $1.key })", invalid, secondsUntilFlowing)
+        let statuses = failureStatuses.sorted { $0.key < $1.key }.map { "\($0.value) × \($0.key)" }.joined(separator: ", ")
+        return String(format: "%@: %d requests, %d failed%@, %d wrong signatures, signatures flowing again %.2f s after the fault",
+                      name, requests, failed, statuses.isEmpty ? "" : " (\(statuses))", invalid, secondsUntilFlowing)
     }
 }
 
