@@ -207,7 +207,7 @@ public struct SignerConfiguration: Sendable, Equatable {
         }
         let parsed: Any
         do throws(FieldReader.JSONTextProblem) {
-            parsed = try FieldReader.parseJSONText(bytes, fragmentsAllowed: true)
+            parsed = try FieldReader.parseJSONText(bytes, fragmentsAllowed: true).value
         } catch {
             switch error {
             case .notUTF8(let problem):

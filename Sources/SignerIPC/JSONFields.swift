@@ -289,8 +289,9 @@ public struct FieldReader {
     ///   `unknown_field` naming the first unknown member.
     public init(json body: [UInt8], allowed: Set<String>, exactNumbers: Bool = true) throws(APIError) {
         let parsed: Any
+        let memberNames: Int
         do throws(JSONTextProblem) {
-            parsed = try Self.parseJSONText(body)
+            (parsed, memberNames) = try Self.parseJSONText(body)
         } catch {
             switch error {
             case .notUTF8(let problem):
@@ -310,7 +311,7 @@ public struct FieldReader {
         // The parser merges a repeated name into one member, so the tree
         // has fewer members than the text has names exactly when some
         // object repeats one, however the names were escaped.
-        if value.memberCount != Self.memberNameCount(in: body) {
+        if value.memberCount != memberNames {
             let member = Self.repeatedMember(in: body)
             let place = member.map { $0.path == $0.name ? "" : " (\($0.path))" } ?? ""
             throw APIError(.invalidJSON, "the member \(member.map { "\"\($0.name)\"" } ?? "name") appears more than once in one object\(place); send each field once (which value to sign would be ambiguous)", field: member?.path)
@@ -334,17 +335,25 @@ public struct FieldReader {
     ///   - body: the text.
     ///   - fragmentsAllowed: whether a top-level scalar is parsed (to name
     ///     its kind) rather than refused as not JSON.
-    /// - Returns: what `JSONSerialization.jsonObject(with:)` returns.
-    /// - Throws: ``JSONTextProblem``.
-    static func parseJSONText(_ body: [UInt8], fragmentsAllowed: Bool = false) throws(JSONTextProblem) -> Any {
+    /// - Returns: what `JSONSerialization.jsonObject(with:)` returns, and
+    ///   how many member names the text holds (``memberNameCount(in:)``).
+    /// - Throws: ``JSONTextProblem``; `notJSON` also for a trailing comma,
+    ///   which Foundation's parser accepts and RFC 8259 does not.
+    static func parseJSONText(_ body: [UInt8], fragmentsAllowed: Bool = false) throws(JSONTextProblem) -> (value: Any, memberNames: Int) {
         if let problem = notUTF8(body) { throw .notUTF8(problem) }
+        let value: Any
         do {
-            return try JSONSerialization.jsonObject(with: Data(escapingByteOrderMarks(body)), options: fragmentsAllowed ? .fragmentsAllowed : [])
+            value = try JSONSerialization.jsonObject(with: Data(escapingByteOrderMarks(body)), options: fragmentsAllowed ? .fragmentsAllowed : [])
         } catch {
             // The parser says where and why ("Too many nested arrays or dictionaries around character 513.").
             // It can quote the input (a 60,000-digit number whole): keep the reason short.
             throw .notJSON(((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String).map(Self.reason))
         }
+        let structure = textStructure(body)
+        if structure.trailingComma {
+            throw .notJSON("a comma directly before } or ] (a trailing comma)")
+        }
+        return (value, structure.memberNames)
     }
 
     /// The parser's reason as a clause of signerd's sentence: shortened,
@@ -410,12 +419,23 @@ public struct FieldReader {
     /// How many member names `body` holds, over all its objects; the same
     /// scan as ``repeatedMemberName(in:)``, without comparing names.
     static func memberNameCount(in body: [UInt8]) -> Int {
+        textStructure(body).memberNames
+    }
+
+    /// One pass of ``scanMemberNames(in:_:)``: how many member names `body`
+    /// holds, and whether a `,` comes directly before a `}` or `]`.
+    static func textStructure(_ body: [UInt8]) -> (memberNames: Int, trailingComma: Bool) {
         var count = 0
+        var trailingComma = false
         scanMemberNames(in: body) { event, _ in
-            if case .name = event { count += 1 }
+            switch event {
+            case .name: count += 1
+            case .trailingComma: trailingComma = true
+            default: break
+            }
             return true
         }
-        return count
+        return (count, trailingComma)
     }
 
     /// The first member name that appears twice in the same object anywhere
@@ -458,6 +478,8 @@ public struct FieldReader {
                 frames.append(.array(index: 0))
             case .objectEnd, .arrayEnd:
                 if !frames.isEmpty { frames.removeLast() }
+            case .trailingComma:
+                break  // refused by parseJSONText before any name is compared
             case .nextElement:
                 if case .array(let index)? = frames.last { frames[frames.count - 1] = .array(index: index + 1) }
             case .name(let escaped):
@@ -486,11 +508,15 @@ public struct FieldReader {
         /// A member name (its raw bytes are passed alongside); `escaped`
         /// when they hold a backslash escape.
         case name(escaped: Bool)
+        /// A `,` directly before the `}` or `]` that follows (reported
+        /// before that end): RFC 8259 has no trailing commas.
+        case trailingComma
     }
 
     /// Walks the JSON text in `body` and reports each object's and array's
-    /// start and end, each comma between array elements, and each member
-    /// name (raw bytes between the quotes), until
+    /// start and end, each comma between array elements, each comma right
+    /// before an end (a trailing comma), and each member name (raw bytes
+    /// between the quotes), until
     /// `visit` returns false. A string is a name when it sits directly in an
     /// object after `{` or `,`. Meant for text the parser accepted; stays in
     /// bounds on any input.
@@ -524,6 +550,7 @@ public struct FieldReader {
                 previous = byte
                 if !visit(.arrayStart, []) { return }
             case UInt8(ascii: "}"), UInt8(ascii: "]"):
+                if previous == UInt8(ascii: ","), !visit(.trailingComma, []) { return }
                 let wasObject = open.popLast() ?? false
                 previous = byte
                 if !visit(wasObject ? .objectEnd : .arrayEnd, []) { return }
@@ -532,8 +559,10 @@ public struct FieldReader {
                 if open.last == false && !visit(.nextElement, []) { return }
             case UInt8(ascii: ":"):
                 previous = byte
+            case 0x20, 0x09, 0x0a, 0x0d:
+                break  // whitespace
             default:
-                break  // whitespace, numbers, true, false, null
+                previous = UInt8(ascii: "0")  // inside a number, true, false or null: a value
             }
             index += 1
         }

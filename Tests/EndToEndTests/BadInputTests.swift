@@ -176,14 +176,24 @@ struct BadInputTests {
     @Test("broken JSON, non-objects, wrong content types, methods and paths")
     func protocolErrors() throws {
         let client = daemon.client()
-        // (A trailing comma is tolerated by Foundation's JSON parser and is not listed here.)
-        for text in ["{", "{\"bundle_id\": }", "[]", "\"x\"", "", "nul", "{\"bundle_id\": \"a\" \"product_id\": \"b\"}", "\u{FF}\u{FE}"] {
+        // A trailing comma is refused too, though Foundation's parser accepts it.
+        for text in ["{", "{\"bundle_id\": }", "[]", "\"x\"", "", "nul", "{\"bundle_id\": \"a\" \"product_id\": \"b\"}", "\u{FF}\u{FE}",
+                     #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"a",}"#,
+                     #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"a" ,   }"#,
+                     #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"a","timestamp":1,}"#] {
             let response = try client.send("POST", Self.offer, body: Array(text.utf8))
             #expect(response.status == 400, "\(text)")
             #expect(response.error?.code == "invalid_json", "\(text)")
             // The parser's own reason reads as a clause: no ".;" where it meets signerd's advice.
             #expect(response.error?.message.contains(".;") == false, "\(response.error?.message ?? "")")
         }
+        let comma = try client.send("POST", Self.offer, body: Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"a",}"#.utf8))
+        #expect(comma.error?.message.contains("trailing comma") == true, "\(comma.error?.message ?? "")")
+        // In a nested array (the batch endpoint) as well; a comma inside a string is only text.
+        let nested = try client.send("POST", "/v1/offers", body: Array(#"{"bundle_id":"com.example.app","app_user_id":"u","generate_offers":[{"offer_id":"a","product_id":"p"},]}"#.utf8))
+        #expect(nested.status == 400 && nested.error?.code == "invalid_json", "\(nested.status) \(nested.error?.message ?? "")")
+        let inString = try client.send("POST", Self.offer, body: Array(#"{"bundle_id":"com.example.app","product_id":"p,]","offer_id":"a,}"}"#.utf8))
+        #expect(inString.status == 200, "\(inString.error?.message ?? "")")
         // A member named twice would otherwise be signed with its last value.
         let repeated = try client.send("POST", Self.offer, body: Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"a","offer_id":"b"}"#.utf8))
         #expect(repeated.status == 400)

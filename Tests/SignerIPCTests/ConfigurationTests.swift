@@ -90,6 +90,7 @@ struct ConfigurationTests {
         (" \n", "the file is empty"),
         ("{ not json", "the file is not valid JSON"),
         ("{\"token_uri\": \"\(uri)\",}x", "the file is not valid JSON"),
+        ("{\"token_uri\": \"\(uri)\", \"keys\": [],}", "the file is not valid JSON (RFC 8259): a comma directly before } or ] (a trailing comma)"),
         ("[1, 2]", "the file holds an array where one JSON object is expected"),
         ("\"token_uri\"", "the file holds a string where one JSON object is expected"),
         ("{\"token_uri\": \"\(uri)\", \"keys\": [], \"keys\": []}", "the key \"keys\" appears more than once in one object"),

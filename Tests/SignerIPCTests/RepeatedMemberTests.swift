@@ -124,7 +124,7 @@ struct LeadingByteOrderMarkTests {
 
     func object(_ body: String) throws -> [String: JSONValue] {
         _ = try FieldReader(json: Array(body.utf8), allowed: ["request"])
-        guard case .object(let members)? = try JSONValue(foundation: FieldReader.parseJSONText(Array(body.utf8)), path: "") as JSONValue? else {
+        guard case .object(let members)? = try JSONValue(foundation: FieldReader.parseJSONText(Array(body.utf8)).value, path: "") as JSONValue? else {
             throw APIError(.invalidJSON, "not an object")
         }
         return members
