@@ -386,6 +386,14 @@ public final class HTTPServer: @unchecked Sendable {
     /// closed at once, so it never holds a thread until the idle timeout;
     /// the client sees the answer if it reads before it writes.
     private func admit(_ connection: ConnectionState) {
+        // The daemon's own process always gets one connection: its systemd
+        // watchdog check, which must not fail because other processes of
+        // its uid (or root) hold their whole share. One at a time, so the
+        // exemption cannot be used to hold more.
+        if let pid = connection.peer?.pid, pid == Self.ownPID {
+            let own = connections.withLock { all in all.values.reduce(0) { $0 + ($1.peer?.pid == pid ? 1 : 0) } }
+            if own <= 1 { return }
+        }
         // Counted from the open connections (at most max_connections + the reserve), this one included.
         var (held, open) = connections.withLock { all in (all.values.reduce(0) { $0 + ($1.uid == connection.uid ? 1 : 0) }, all.count) }
         let limit = handler.mayConnect(connection.peer) ? options.connectionsPerUIDLimit : options.forbiddenConnectionsPerUID
@@ -418,6 +426,9 @@ public final class HTTPServer: @unchecked Sendable {
         error.retryAfter = 1
         answerAndClose(connection, with: HTTPResponse(error: error))
     }
+
+    /// This process's ID: connections from it are the daemon's own checks.
+    private static let ownPID = getpid()
 
     /// Whether the client at the other end of `descriptor` has closed its
     /// socket (`POLLHUP` on a Unix stream socket: both directions shut). A
@@ -592,6 +603,17 @@ public final class HTTPServer: @unchecked Sendable {
         }
     }
 
+    /// The body length a `Content-Length` value declares, in bytes; a
+    /// decimal value too large for `Int` (2⁶³ and up, which libmicrohttpd
+    /// still takes as a 64-bit length) as `Int.max`, so that it meets the
+    /// body limit at once instead of a client streaming into the connection
+    /// until the request timeout. Nil for anything but digits (RFC 9110
+    /// §8.6: `Content-Length = 1*DIGIT`).
+    static func declaredLength(_ value: String) -> Int? {
+        guard !value.isEmpty, value.utf8.allSatisfy({ $0 >= UInt8(ascii: "0") && $0 <= UInt8(ascii: "9") }) else { return nil }
+        return Int(value) ?? Int.max
+    }
+
     private static let accessHandler: MHD_AccessHandlerCallback = { context, connection, _, method, _, uploadData, uploadSize, requestContext in
         guard let connection, let requestContext else { return .NO }
         let server = HTTPServer.server(context)
@@ -626,7 +648,7 @@ public final class HTTPServer: @unchecked Sendable {
             }
             let contentType = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Type").map { String(cString: $0) }
             let lengthHeader = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length").map { String(cString: $0) }
-            let contentLength = lengthHeader.flatMap { Int($0) }
+            let contentLength = lengthHeader.flatMap(HTTPServer.declaredLength)
             if let early = server.handler.preflight(method: methodName, path: state.path, contentType: contentType, contentLength: contentLength, peer: peer) {
                 state.answered = true
                 return server.queue(early, path: state.path, on: connection)

@@ -223,7 +223,9 @@ public final class SignerService: HTTPHandler, Sendable {
         let expected = Array("application/json".utf8)
         var bytes = contentType.utf8.drop { $0 == 0x20 || $0 == 0x09 }.makeIterator()
         for byte in expected {
-            guard let next = bytes.next(), next | 0x20 == byte | 0x20 else { return false }
+            // Case-insensitive for letters only (RFC 9110 §8.3.1): OR-ing 0x20
+            // into any byte would also take 0x0F for "/".
+            guard let next = bytes.next(), (next >= 0x41 && next <= 0x5A ? next | 0x20 : next) == byte else { return false }
         }
         guard let after = bytes.next() else { return true }
         return after == UInt8(ascii: ";") || after == 0x20 || after == 0x09

@@ -59,6 +59,40 @@ struct ConnectionLimitTests {
         }
     }
 
+    @Test("the server's own process always gets one connection (the daemon's watchdog check), however many its uid holds")
+    func ownProcessConnection() throws {
+        try withServer(allowed: true, { $0.connectionsPerUIDLimit = 2 }) { path in
+            // Another process of the same uid takes the uid's whole share.
+            let holder = Process()
+            holder.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+            holder.arguments = ["python3", "-c", """
+                import socket, sys, time
+                held = [socket.socket(socket.AF_UNIX) for _ in range(2)]
+                for s in held: s.connect(sys.argv[1])
+                print("held", flush=True)
+                time.sleep(60)
+                """, path]
+            let output = Pipe()
+            holder.standardOutput = output
+            try holder.run()
+            defer {
+                // SIGKILL: a child inherits the signal mask, and the test
+                // process may hold SIGTERM blocked for its in-process daemons.
+                kill(holder.processIdentifier, SIGKILL)
+                holder.waitUntilExit()
+            }
+            let ready = String(decoding: output.fileHandleForReading.availableData, as: UTF8.self)
+            try #require(ready.contains("held"), "the holder process connected: \(ready)")
+            let client = SignerClient(socketPath: path, timeout: 2)
+            defer { client.close() }
+            #expect(try client.send("GET", "/healthz").status == 200)
+            // Only one: a second connection of this process at the same time is over the share.
+            var answer = ""
+            _ = poll(seconds: 5) { answer = (try? firstAnswer(path)) ?? ""; return !answer.isEmpty }
+            #expect(answer.hasPrefix("HTTP/1.1 429 Too Many Requests"), "\(answer)")
+        }
+    }
+
     @Test("root keeps the reserved connections beyond max_connections")
     func reserveForRoot() throws {
         guard getuid() == 0 else {
