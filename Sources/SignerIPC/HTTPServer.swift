@@ -274,17 +274,63 @@ public final class HTTPServer: @unchecked Sendable {
         return Int32(MHD_quiesce_daemon(daemon))
     }
 
+    /// Hands the connections waiting in `listening`'s backlog to
+    /// libmicrohttpd (`accept`, then `MHD_add_connection`), after
+    /// ``stopAccepting()``: their clients' `connect()` returned, so closing
+    /// the socket would reset connections that may already hold a request.
+    /// Takes what is queued now and stops at the first empty accept, or
+    /// after `connectionLimit` + `reservedConnections` connections.
+    /// - Parameter listening: the descriptor ``stopAccepting()`` returned.
+    /// - Returns: how many connections were handed over.
+    @discardableResult
+    public func adoptPendingConnections(from listening: Int32) -> Int {
+        guard let daemon, listening >= 0 else { return 0 }
+        let flags = fcntl(listening, F_GETFL)
+        guard flags >= 0, fcntl(listening, F_SETFL, flags | O_NONBLOCK) == 0 else { return 0 }
+        var adopted = 0
+        while adopted < options.connectionLimit + options.reservedConnections {
+            var address = sockaddr_storage()
+            var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
+            let client = withUnsafeMutablePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { accept(listening, $0, &length) }
+            }
+            guard client >= 0 else { break }  // EAGAIN: the backlog is empty
+            _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+            // libmicrohttpd closes the socket itself if it cannot take it.
+            let added = withUnsafePointer(to: &address) {
+                $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { MHD_add_connection(daemon, client, $0, length) }
+            }
+            if added == .YES { adopted += 1 }
+        }
+        return adopted
+    }
+
     /// Waits until no request is arriving (request line in, the rest not
-    /// yet), being processed or being sent, or `seconds` pass. A request
-    /// that arrives too slowly is still dropped at `requestTimeoutSeconds`.
+    /// yet; or bytes sent on a connection that libmicrohttpd has not read
+    /// yet, as on one just taken from the backlog), being processed or
+    /// being sent, or `seconds` pass. A request that arrives too slowly is
+    /// still dropped at `requestTimeoutSeconds`.
     /// - Returns: true when nothing was left in progress.
     public func waitForRequestsInProgress(seconds: Double) -> Bool {
         let deadline = MonotonicClock.deadline(after: seconds)
-        while processing.load(ordering: .acquiring) > 0 || requestsArriving > 0 {
+        while processing.load(ordering: .acquiring) > 0 || requestsArriving > 0 || connectionsWithUnreadBytes > 0 {
             if MonotonicClock.now() > deadline { return false }
             usleep(5_000)
         }
         return true
+    }
+
+    /// Connections whose socket holds bytes libmicrohttpd has not read
+    /// (`FIONREAD`): a request on its way that the request-line callback
+    /// has not seen yet.
+    private var connectionsWithUnreadBytes: Int {
+        connections.withLock { all in
+            all.values.reduce(0) { count, connection in
+                guard connection.descriptor >= 0, connection.requestStarted.load(ordering: .acquiring) == 0 else { return count }
+                var pending: Int32 = 0
+                return ioctl(connection.descriptor, UInt(FIONREAD), &pending) == 0 && pending > 0 ? count + 1 : count
+            }
+        }
     }
 
     /// Connections whose current request has begun to arrive but is not in full yet.

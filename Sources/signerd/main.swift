@@ -269,6 +269,9 @@ func runDaemon() -> Never {
         Systemd.notify("STOPPING=1")
         let listening = server.stopAccepting()
         removeSocketFile()
+        // Connections whose connect() returned but that libmicrohttpd had
+        // not accepted yet would be reset by the close: serve them too.
+        let adopted = server.adoptPendingConnections(from: listening)
         if listening >= 0 { close(listening) }
         // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
         let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)
@@ -278,7 +281,7 @@ func runDaemon() -> Never {
         }
         server.stop()
         token.close()
-        logger.notice("signerd_stopped", ["drained": .bool(drained)])
+        logger.notice("signerd_stopped", ["drained": .bool(drained), "backlog_connections": .int(Int64(adopted))])
         exit(0)
     }
 }
