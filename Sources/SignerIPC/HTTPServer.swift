@@ -157,10 +157,14 @@ final class ConnectionState: Sendable {
     let dropped = Atomic<Bool>(false)
     /// The request in a handler that may block, if any.
     let blockingCall = Locked<BlockingCall?>(nil)
+    /// Taken from the listen backlog at shutdown and no request line seen
+    /// yet: the drain waits for it (a while).
+    let awaitingFirstRequest: Atomic<Bool>
 
-    init(peer: PeerCredentials?, descriptor: Int32) {
+    init(peer: PeerCredentials?, descriptor: Int32, adopted: Bool = false) {
         self.peer = peer
         self.descriptor = descriptor
+        awaitingFirstRequest = Atomic(adopted)
     }
 }
 
@@ -279,7 +283,8 @@ public final class HTTPServer: @unchecked Sendable {
     /// ``stopAccepting()``: their clients' `connect()` returned, so closing
     /// the socket would reset connections that may already hold a request.
     /// Takes what is queued now and stops at the first empty accept, or
-    /// after `connectionLimit` + `reservedConnections` connections.
+    /// after `connectionLimit` + `reservedConnections` accepts (a socket
+    /// systemd keeps open can go on filling while the daemon stops).
     /// - Parameter listening: the descriptor ``stopAccepting()`` returned.
     /// - Returns: how many connections were handed over.
     @discardableResult
@@ -288,32 +293,82 @@ public final class HTTPServer: @unchecked Sendable {
         let flags = fcntl(listening, F_GETFL)
         guard flags >= 0, fcntl(listening, F_SETFL, flags | O_NONBLOCK) == 0 else { return 0 }
         var adopted = 0
-        while adopted < options.connectionLimit + options.reservedConnections {
+        var attempts = 0
+        while attempts < options.connectionLimit + options.reservedConnections {
+            attempts += 1
             var address = sockaddr_storage()
             var length = socklen_t(MemoryLayout<sockaddr_storage>.size)
             let client = withUnsafeMutablePointer(to: &address) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { accept(listening, $0, &length) }
             }
-            guard client >= 0 else { break }  // EAGAIN: the backlog is empty
+            guard client >= 0 else {
+                if errno == EINTR { continue }
+                break  // EAGAIN: the backlog is empty (or accept failed: nothing more to take)
+            }
             _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+            // libmicrohttpd registers the connection later, on its polling
+            // thread: until then it is in no count the drain looks at, so
+            // it is remembered by its socket's inode.
+            let identity = Self.socketIdentity(client)
+            if let identity { adoption.withLock { $0.pending.insert(identity) } }
             // libmicrohttpd closes the socket itself if it cannot take it.
             let added = withUnsafePointer(to: &address) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { MHD_add_connection(daemon, client, $0, length) }
             }
-            if added == .YES { adopted += 1 }
+            if added == .YES {
+                adopted += 1
+            } else if let identity {
+                adoption.withLock { _ = $0.pending.remove(identity) }
+            }
         }
+        // A connection libmicrohttpd refuses later (its connection limit) is
+        // never registered: the drain waits for adopted ones only this long.
+        adoption.withLock { $0.waitUntil = MonotonicClock.deadline(after: Self.adoptionWaitSeconds) }
         return adopted
     }
 
+    /// How long the drain waits for a connection taken from the backlog
+    /// to be registered and to send its request line, in seconds.
+    static let adoptionWaitSeconds = 2.0
+
+    /// Connections taken from the backlog (socket inodes) not registered
+    /// yet, and until when the drain waits for adopted connections.
+    private let adoption = Locked<(pending: Set<UInt64>, waitUntil: UInt64)>(([], 0))
+
+    /// A socket's identity across descriptors: its inode in sockfs.
+    private static func socketIdentity(_ descriptor: Int32) -> UInt64? {
+        var status = stat()
+        guard fstat(descriptor, &status) == 0 else { return nil }
+        return UInt64(status.st_ino)
+    }
+
+    /// Whether the connection on `descriptor`, just registered, is one
+    /// ``adoptPendingConnections(from:)`` took from the backlog (and no
+    /// longer pending). No system call unless some are pending.
+    fileprivate func registerAdopted(_ descriptor: Int32) -> Bool {
+        guard descriptor >= 0, !adoption.withLock({ $0.pending.isEmpty }), let identity = Self.socketIdentity(descriptor) else { return false }
+        return adoption.withLock { $0.pending.remove(identity) != nil }
+    }
+
+    /// Adopted connections the drain still waits for: not registered yet,
+    /// or registered without a request line yet; none once the wait for
+    /// them is over.
+    private var adoptedConnectionsWaiting: Int {
+        let (pending, waitUntil) = adoption.withLock { ($0.pending.count, $0.waitUntil) }
+        guard MonotonicClock.now() < waitUntil else { return 0 }
+        return pending + connections.withLock { $0.values.reduce(0) { $0 + ($1.awaitingFirstRequest.load(ordering: .acquiring) ? 1 : 0) } }
+    }
+
     /// Waits until no request is arriving (request line in, the rest not
-    /// yet; or bytes sent on a connection that libmicrohttpd has not read
-    /// yet, as on one just taken from the backlog), being processed or
-    /// being sent, or `seconds` pass. A request that arrives too slowly is
+    /// yet; bytes sent on a connection that libmicrohttpd has not read yet;
+    /// or, for up to ``adoptionWaitSeconds``, a connection taken from the
+    /// backlog that has sent no request line yet), being processed or being
+    /// sent, or `seconds` pass. A request that arrives too slowly is
     /// still dropped at `requestTimeoutSeconds`.
     /// - Returns: true when nothing was left in progress.
     public func waitForRequestsInProgress(seconds: Double) -> Bool {
         let deadline = MonotonicClock.deadline(after: seconds)
-        while processing.load(ordering: .acquiring) > 0 || requestsArriving > 0 || connectionsWithUnreadBytes > 0 {
+        while processing.load(ordering: .acquiring) > 0 || requestsArriving > 0 || connectionsWithUnreadBytes > 0 || adoptedConnectionsWaiting > 0 {
             if MonotonicClock.now() > deadline { return false }
             usleep(5_000)
         }
@@ -520,7 +575,7 @@ public final class HTTPServer: @unchecked Sendable {
             let fd = connection.map { CSignerShim_mhd_connection_fd($0) } ?? -1
             let peer = fd >= 0 ? UnixListener.peerCredentials(fd) : nil
             let duplicate = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1
-            let state = ConnectionState(peer: peer, descriptor: duplicate)
+            let state = ConnectionState(peer: peer, descriptor: duplicate, adopted: server.registerAdopted(fd))
             server.connections.withLock { $0[ObjectIdentifier(state)] = state }
             socketContext?.pointee = Unmanaged.passRetained(state).toOpaque()
             server.admit(state)
@@ -538,6 +593,7 @@ public final class HTTPServer: @unchecked Sendable {
     private static let requestLineReceived: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?) -> UnsafeMutableRawPointer? = { context, uri, connection in
         let connectionState = connection.flatMap { CSignerShim_mhd_socket_context($0) }.map { Unmanaged<ConnectionState>.fromOpaque($0).takeUnretainedValue() }
         connectionState?.requestStarted.store(MonotonicClock.now(), ordering: .releasing)
+        connectionState?.awaitingFirstRequest.store(false, ordering: .releasing)
         // The path up to any query string, cut on the bytes: String.firstIndex(of:)
         // walks grapheme clusters and cost 10,000 instructions per request.
         let path = uri.map { uri in
