@@ -495,7 +495,11 @@ public final class HTTPServer: @unchecked Sendable {
         // its uid (or root) hold their whole share. One at a time, so the
         // exemption cannot be used to hold more.
         if let pid = connection.peer?.pid, pid == Self.ownPID {
-            let own = connections.withLock { all in all.values.reduce(0) { $0 + ($1.peer?.pid == pid ? 1 : 0) } }
+            // A check whose client has hung up (libmicrohttpd reports the
+            // close a little later) does not count against the next one.
+            let own = connections.withLock { all in
+                all.values.filter { $0.peer?.pid == pid && ($0 === connection || !Self.peerHungUp($0.descriptor)) }.count
+            }
             if own <= 1 { return }
         }
         // Counted from the open connections (at most max_connections + the reserve), this one included.
