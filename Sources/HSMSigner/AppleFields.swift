@@ -95,9 +95,11 @@ public enum AppleFields {
             var form = 1
             for index in 0..<36 {
                 let byte = bytes[index]
+                if index == 8 || index == 13 || index == 18 || index == 23 {
+                    guard byte == UInt8(ascii: "-") else { return 0 }
+                    continue
+                }
                 switch byte {
-                case UInt8(ascii: "-") where index == 8 || index == 13 || index == 18 || index == 23: continue
-                case _ where index == 8 || index == 13 || index == 18 || index == 23: return 0
                 case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "a")...UInt8(ascii: "f"): continue
                 case UInt8(ascii: "A")...UInt8(ascii: "F"): form = 2
                 default: return 0

@@ -48,6 +48,11 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         public static let verificationFailed = Code(rawValue: "verification_failed")
         /// A signing call did not return within the configured timeout.
         public static let signTimeout = Code(rawValue: "sign_timeout")
+
+        /// The failures that are the token's, not a key's: the token down,
+        /// no session free, a call past its timeout, the PIN refused. Every
+        /// key would fail alike, and re-importing keys cannot help.
+        public static let tokenProblems: Set<Code> = [.tokenUnavailable, .sessionUnavailable, .signTimeout, .pinRejected]
     }
 
     /// What went wrong.

@@ -350,15 +350,6 @@ public final class HTTPServer: @unchecked Sendable {
         return adoption.withLock { $0.pending.remove(identity) != nil }
     }
 
-    /// Adopted connections the drain still waits for: not registered yet,
-    /// or registered without a request line yet; none once the wait for
-    /// them is over.
-    private var adoptedConnectionsWaiting: Int {
-        let (pending, waitUntil) = adoption.withLock { ($0.pending.count, $0.waitUntil) }
-        guard MonotonicClock.now() < waitUntil else { return 0 }
-        return pending + connections.withLock { $0.values.reduce(0) { $0 + ($1.awaitingFirstRequest.load(ordering: .acquiring) ? 1 : 0) } }
-    }
-
     /// Waits until no request is arriving (request line in, the rest not
     /// yet; bytes sent on a connection that libmicrohttpd has not read yet;
     /// or, for up to ``adoptionWaitSeconds``, a connection taken from the
@@ -368,29 +359,29 @@ public final class HTTPServer: @unchecked Sendable {
     /// - Returns: true when nothing was left in progress.
     public func waitForRequestsInProgress(seconds: Double) -> Bool {
         let deadline = MonotonicClock.deadline(after: seconds)
-        while processing.load(ordering: .acquiring) > 0 || requestsArriving > 0 || connectionsWithUnreadBytes > 0 || adoptedConnectionsWaiting > 0 {
+        while processing.load(ordering: .acquiring) > 0 || requestsOnTheirWay > 0 {
             if MonotonicClock.now() > deadline { return false }
             usleep(5_000)
         }
         return true
     }
 
-    /// Connections whose socket holds bytes libmicrohttpd has not read
-    /// (`FIONREAD`): a request on its way that the request-line callback
-    /// has not seen yet.
-    private var connectionsWithUnreadBytes: Int {
-        connections.withLock { all in
+    /// Requests on their way in, in one pass over the connections: the
+    /// request line in and the rest not yet; bytes on the socket that
+    /// libmicrohttpd has not read (`FIONREAD`); and, for up to
+    /// ``adoptionWaitSeconds``, connections taken from the backlog that
+    /// are not registered yet or have sent no request line yet.
+    private var requestsOnTheirWay: Int {
+        let (pending, waitUntil) = adoption.withLock { ($0.pending.count, $0.waitUntil) }
+        let waitingForAdopted = MonotonicClock.now() < waitUntil
+        return (waitingForAdopted ? pending : 0) + connections.withLock { all in
             all.values.reduce(0) { count, connection in
-                guard connection.descriptor >= 0, connection.requestStarted.load(ordering: .acquiring) == 0 else { return count }
-                var pending: Int32 = 0
-                return ioctl(connection.descriptor, UInt(FIONREAD), &pending) == 0 && pending > 0 ? count + 1 : count
+                if connection.requestStarted.load(ordering: .acquiring) != 0 { return count + 1 }
+                if waitingForAdopted && connection.awaitingFirstRequest.load(ordering: .acquiring) { return count + 1 }
+                var unread: Int32 = 0
+                return connection.descriptor >= 0 && ioctl(connection.descriptor, UInt(FIONREAD), &unread) == 0 && unread > 0 ? count + 1 : count
             }
         }
-    }
-
-    /// Connections whose current request has begun to arrive but is not in full yet.
-    private var requestsArriving: Int {
-        connections.withLock { $0.values.reduce(0) { $0 + ($1.requestStarted.load(ordering: .acquiring) != 0 ? 1 : 0) } }
     }
 
     /// Handlers that are inside a call that may block (a hung HSM call stays counted).
@@ -494,11 +485,11 @@ public final class HTTPServer: @unchecked Sendable {
         // watchdog check, which must not fail because other processes of
         // its uid (or root) hold their whole share. One at a time, so the
         // exemption cannot be used to hold more.
-        if let pid = connection.peer?.pid, pid == Self.ownPID {
+        if connection.peer?.isThisProcess == true {
             // A check whose client has hung up (libmicrohttpd reports the
             // close a little later) does not count against the next one.
             let own = connections.withLock { all in
-                all.values.filter { $0.peer?.pid == pid && ($0 === connection || !Self.peerHungUp($0.descriptor)) }.count
+                all.values.filter { $0.peer?.isThisProcess == true && ($0 === connection || !Self.peerHungUp($0.descriptor)) }.count
             }
             if own <= 1 { return }
         }
@@ -534,9 +525,6 @@ public final class HTTPServer: @unchecked Sendable {
         error.retryAfter = 1
         answerAndClose(connection, with: HTTPResponse(error: error))
     }
-
-    /// This process's ID: connections from it are the daemon's own checks.
-    private static let ownPID = getpid()
 
     /// Whether the client at the other end of `descriptor` has closed its
     /// socket (`POLLHUP` on a Unix stream socket: both directions shut). A

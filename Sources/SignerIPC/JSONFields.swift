@@ -336,7 +336,7 @@ public struct FieldReader {
     ///   - fragmentsAllowed: whether a top-level scalar is parsed (to name
     ///     its kind) rather than refused as not JSON.
     /// - Returns: what `JSONSerialization.jsonObject(with:)` returns, and
-    ///   how many member names the text holds (``memberNameCount(in:)``).
+    ///   how many member names the text holds (``textStructure(_:)``).
     /// - Throws: ``JSONTextProblem``; `notJSON` also for a trailing comma,
     ///   which Foundation's parser accepts and RFC 8259 does not.
     static func parseJSONText(_ body: [UInt8], fragmentsAllowed: Bool = false) throws(JSONTextProblem) -> (value: Any, memberNames: Int) {
@@ -414,12 +414,6 @@ public struct FieldReader {
         if body.contains(0) { return "it holds a NUL byte, as UTF-16 and UTF-32 text does" }
         if String(validating: body, as: UTF8.self) == nil { return "invalid UTF-8 sequence" }
         return nil
-    }
-
-    /// How many member names `body` holds, over all its objects; the same
-    /// scan as ``repeatedMemberName(in:)``, without comparing names.
-    static func memberNameCount(in body: [UInt8]) -> Int {
-        textStructure(body).memberNames
     }
 
     /// One pass of ``scanMemberNames(in:_:)``: how many member names `body`

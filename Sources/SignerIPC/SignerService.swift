@@ -60,8 +60,6 @@ public final class SignerService: HTTPHandler, Sendable {
     private let forbiddenWarnings = LogThrottle(linesPerWindow: 10, windowSeconds: 10)
     private let groupCache = Locked<[UInt32: (groups: [UInt32], at: UInt64)]>([:])
     private let ownUID = getuid()
-    /// This process: the systemd watchdog's `/healthz` self-check connects from it.
-    private let ownPID = getpid()
     /// `sign_timeout_ms` at start, in seconds (the request deadline is fixed at start too).
     private let signTimeoutSeconds: Double
 
@@ -371,7 +369,7 @@ public final class SignerService: HTTPHandler, Sendable {
     /// limited: clients of signerd's uid over the limit would otherwise stop
     /// its `WATCHDOG=1` pings, and systemd would kill a healthy daemon.
     private func rateLimit(_ peer: PeerCredentials, _ config: SignerConfiguration) -> APIError? {
-        guard config.rateLimitPerSecond > 0, peer.pid != ownPID else { return nil }
+        guard config.rateLimitPerSecond > 0, !peer.isThisProcess else { return nil }
         let now = MonotonicClock.now()
         let allowed: Bool = rateBuckets.withLock { buckets in
             var bucket = buckets[peer.uid] ?? (config.rateLimitBurst, now)
@@ -492,7 +490,7 @@ public final class SignerService: HTTPHandler, Sendable {
         switch error.code {
         case .keyNotFound:
             return APIError(.keyNotFound, "key \(keyID) is configured but not on token \(token.label); import it with signctl keys import", field: "key_id")
-        case .tokenUnavailable, .sessionUnavailable, .pinRejected, .signTimeout, .pkcs11Failure:
+        case let code where HSMError.Code.tokenProblems.contains(code) || code == .pkcs11Failure:
             if error.code == .sessionUnavailable { _ = markDownIfNoSessionReturned() }
             var api = APIError(.hsmUnavailable, "the HSM cannot sign right now (\(error.returnValue?.name ?? error.code.rawValue)); retry later")
             api.retryAfter = max(1, Int((error.retryAfter ?? 1).rounded(.up)))

@@ -40,6 +40,13 @@ public struct PeerCredentials: Sendable, Equatable, CustomStringConvertible {
 
     /// `uid=… gid=… pid=…`, for logs.
     public var description: String { "uid=\(uid) gid=\(gid) pid=\(pid)" }
+
+    /// Whether the peer is this process (`SO_PEERCRED` pid equal to
+    /// `getpid()`): in signerd, its own systemd watchdog check, which the
+    /// rate limit and the connection shares never refuse.
+    public var isThisProcess: Bool { pid == Self.thisProcess }
+
+    private static let thisProcess = getpid()
 }
 
 enum UnixAddress {

@@ -42,14 +42,13 @@ func keyCount(_ count: Int) -> String { count == 1 ? "1 key" : "\(count) keys" }
 /// - Parameter stopped: checked before each key; true ends the test there (shutdown).
 /// - Returns: the key IDs that failed.
 func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger, stopped: () -> Bool = { false }) -> [String] {
-    let tokenProblems: [HSMError.Code] = [.tokenUnavailable, .sessionUnavailable, .signTimeout, .pinRejected]
     var failed: [String] = []
     for key in keys {
         if stopped() { break }
         do {
             try token.selfTest(keyID: key.keyID)
         } catch {
-            if token.status != .up || tokenProblems.contains(error.code) {
+            if token.status != .up || HSMError.Code.tokenProblems.contains(error.code) {
                 logger.warning("self_test_skipped", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue),
                                                      "hint": "the token is unavailable, not the keys; /readyz tests them again once it recovers"])
                 break

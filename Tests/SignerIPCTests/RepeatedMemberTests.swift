@@ -58,7 +58,7 @@ struct RepeatedMemberTests {
         (#"{"bundle_id":"a\",\"bundle_id\":\"b","request":{"x":[1,{"y":2}]}}"#, 4),
     ])
     func nameCount(body: String, count: Int) throws {
-        #expect(FieldReader.memberNameCount(in: Array(body.utf8)) == count)
+        #expect(FieldReader.textStructure(Array(body.utf8)).memberNames == count)
         let parsed = try JSONValue(foundation: JSONSerialization.jsonObject(with: Data(body.utf8)), path: "")
         #expect(parsed.memberCount == count)
     }
