@@ -167,7 +167,7 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
     }
     let valid = publicKey.verify(derSignature: der, digest: SHA256.hash(payload.payload))
     if arguments.flag("json") {
-        printJSON(["valid": valid ? "true" : "false", "payload_sha256": SHA256.hash(payload.payload).hexString, "problems": problems.joined(separator: "; ")])
+        printJSON(OfferVerification(valid: valid, payload_sha256: SHA256.hash(payload.payload).hexString, problems: problems))
     } else {
         print(valid ? "valid: the signature verifies for this payload" : "INVALID: the signature does not verify for this payload")
         print("payload SHA-256: \(SHA256.hash(payload.payload).hexString)")
@@ -177,6 +177,15 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
         }
     }
     return valid ? .success : .dataError
+}
+
+/// What `verify promotional-offer --json` prints: `valid` is a JSON boolean
+/// (the string "false" is truthy to jq -e, JavaScript and Python), and
+/// `problems` an array of sentences.
+struct OfferVerification: Encodable {
+    let valid: Bool
+    let payload_sha256: String
+    let problems: [String]
 }
 
 /// JSON bodies for requests, as the API expects them.

@@ -158,6 +158,23 @@ struct EndpointTests {
         #expect(try daemon.signctl(["keys", "list"]).contains("ABC123DEFG"), "nothing was deleted")
     }
 
+    @Test("signctl verify promotional-offer --json: valid is a JSON boolean, problems an array")
+    func verifyOfferJSONTypes() throws {
+        let daemon = try DaemonHarness()  // offline check: the daemon is not started
+        try daemon.keys["ABC123DEFG"]!.publicKeyPEM.write(toFile: daemon.directory + "/pub.pem", atomically: false, encoding: .utf8)
+        // A well-formed DER signature over something else: the check fails.
+        let signature = Data(try ECDSASignature.der(fromRaw: [UInt8](repeating: 0x11, count: 64), curve: .p256)).base64EncodedString()
+        let (status, output) = daemon.signctlStatus(["verify", "promotional-offer", "--public-key", daemon.directory + "/pub.pem",
+                                                     "--bundle-id", "com.example.app", "--key-id", "ABC123DEFG", "--product-id", "p", "--offer-id", "o",
+                                                     "--nonce", "4a0f7b8e-2f1d-4c6a-9b3e-5d7c8e9f0a1b", "--timestamp", "1790800914", "--signature", signature, "--json"])
+        #expect(status == 65, "\(output)")
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(output.utf8)) as? [String: Any], "\(output)")
+        // "false" as a string is truthy: `signctl verify … --json | jq -e .valid` succeeded for a bad signature.
+        #expect(object["valid"] as? Bool == false, "\(output)")
+        let problems = try #require(object["problems"] as? [String], "\(output)")
+        #expect(problems.contains { $0.contains("seconds") }, "\(output)")
+    }
+
     @Test("every signctl --json output is one JSON value and a trailing newline")
     func jsonOutputEndsWithNewline() throws {
         let daemon = try DaemonHarness()  // the daemon is not started: health reports it unreachable
