@@ -104,9 +104,12 @@ public enum CompactJWS {
         let claims = try decodePart(parts[1], "the claims (part 2)")
         let signature = try decodePart(parts[2], "the signature (part 3)")
         let headerText = String(decoding: header, as: UTF8.self)
-        guard let headerObject = (try? JSONSerialization.jsonObject(with: Data(header))) as? [String: Any],
-              (try? JSONSerialization.jsonObject(with: Data(claims))) is [String: Any] else {
-            throw JWSError("jws_json", "the header and the claims must each be a JSON object")
+        // RFC 7515 §5.2: UTF-8 JSON. Foundation's parser alone would also
+        // take UTF-16, a byte-order mark or a trailing comma, which Apple's
+        // need not, and `signctl verify jws --json` prints these parts as they are.
+        guard let headerObject = (try? JSONText.parse(header))?.value as? [String: Any],
+              (try? JSONText.parse(claims))?.value is [String: Any] else {
+            throw JWSError("jws_json", "the header and the claims must each be a JSON object in UTF-8 (RFC 7515 §5.2; no byte-order mark, no trailing comma)")
         }
         let algorithm = headerObject["alg"] as? String
         guard algorithm == "ES256" else {

@@ -206,8 +206,8 @@ public struct SignerConfiguration: Sendable, Equatable {
             return "the file is empty; it must hold one JSON object, e.g. {\"token_uri\": \"pkcs11:…\"}"
         }
         let parsed: Any
-        do throws(FieldReader.JSONTextProblem) {
-            parsed = try FieldReader.parseJSONText(bytes, fragmentsAllowed: true).value
+        do throws(JSONText.Problem) {
+            parsed = try JSONText.parse(bytes, fragmentsAllowed: true).value
         } catch {
             switch error {
             case .notUTF8(let problem):

@@ -290,8 +290,8 @@ public struct FieldReader {
     public init(json body: [UInt8], allowed: Set<String>, exactNumbers: Bool = true) throws(APIError) {
         let parsed: Any
         let memberNames: Int
-        do throws(JSONTextProblem) {
-            (parsed, memberNames) = try Self.parseJSONText(body)
+        do throws(JSONText.Problem) {
+            (parsed, memberNames) = try JSONText.parse(body)
         } catch {
             switch error {
             case .notUTF8(let problem):
@@ -317,119 +317,6 @@ public struct FieldReader {
             throw APIError(.invalidJSON, "the member \(member.map { "\"\($0.name)\"" } ?? "name") appears more than once in one object\(place); send each field once (which value to sign would be ambiguous)", field: member?.path)
         }
         self.init(checked: members, path: "")  // unknown members were refused above
-    }
-
-    /// Why bytes are not JSON text signerd reads, without naming where they came from.
-    enum JSONTextProblem: Error {
-        /// Not UTF-8 (RFC 8259 §8.1): what ``notUTF8(_:)`` found.
-        case notUTF8(String)
-        /// Not JSON: the parser's own reason and position, when it gave one.
-        case notJSON(String?)
-    }
-
-    /// Parses UTF-8 JSON text with Foundation's `JSONSerialization` (a third
-    /// of `JSONDecoder`'s cost for an untyped tree, measured: 8 µs against
-    /// 68 µs for a request), after ``notUTF8(_:)``: request bodies and the
-    /// configuration file go through here.
-    /// - Parameters:
-    ///   - body: the text.
-    ///   - fragmentsAllowed: whether a top-level scalar is parsed (to name
-    ///     its kind) rather than refused as not JSON.
-    /// - Returns: what `JSONSerialization.jsonObject(with:)` returns, and
-    ///   how many member names the text holds (``textStructure(_:)``).
-    /// - Throws: ``JSONTextProblem``; `notJSON` also for a trailing comma,
-    ///   which Foundation's parser accepts and RFC 8259 does not.
-    static func parseJSONText(_ body: [UInt8], fragmentsAllowed: Bool = false) throws(JSONTextProblem) -> (value: Any, memberNames: Int) {
-        if let problem = notUTF8(body) { throw .notUTF8(problem) }
-        let value: Any
-        do {
-            value = try JSONSerialization.jsonObject(with: Data(escapingByteOrderMarks(body)), options: fragmentsAllowed ? .fragmentsAllowed : [])
-        } catch {
-            // The parser says where and why ("Too many nested arrays or dictionaries around character 513.").
-            // It can quote the input (a 60,000-digit number whole): keep the reason short.
-            throw .notJSON(((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String).map(Self.reason))
-        }
-        let structure = textStructure(body)
-        if structure.trailingComma {
-            throw .notJSON("a comma directly before } or ] (a trailing comma)")
-        }
-        return (value, structure.memberNames)
-    }
-
-    /// The parser's reason as a clause of signerd's sentence: shortened,
-    /// without its closing period ("Unexpected end of file during JSON parse").
-    static func reason(_ text: String) -> String {
-        var text = Self.shortened(text)
-        while text.hasSuffix(".") { text.removeLast() }
-        return text
-    }
-
-    /// `text` cut to 200 characters, followed by "…" and how many were left out.
-    static func shortened(_ text: String) -> String {
-        guard text.count > 200 else { return text }
-        return "\(text.prefix(200))… (\(text.count - 200) more characters)"
-    }
-
-    /// `body` with each U+FEFF written as raw UTF-8 inside a string replaced
-    /// by its escape `\ufeff`. Foundation's parser decodes the raw stretches
-    /// of a string (from its start, and after each escape) as if each were
-    /// a file, and drops a U+FEFF that begins one as a byte-order mark, so
-    /// `"\u{FEFF}abc"` would be signed as `abc`; the escape is the same
-    /// character and is kept. Marks outside strings, or right after a
-    /// backslash, are left alone: they are not JSON either way.
-    static func escapingByteOrderMarks(_ body: [UInt8]) -> [UInt8] {
-        guard body.contains(0xEF) else { return body }
-        var out: [UInt8] = []
-        out.reserveCapacity(body.count + 16)
-        var inString = false
-        var index = 0
-        while index < body.count {
-            let byte = body[index]
-            if inString && byte == UInt8(ascii: "\\") && index + 1 < body.count {
-                out.append(byte)
-                out.append(body[index + 1])
-                index += 2
-                continue
-            }
-            if byte == UInt8(ascii: "\"") {
-                inString.toggle()
-            } else if inString && byte == 0xEF && index + 2 < body.count && body[index + 1] == 0xBB && body[index + 2] == 0xBF {
-                out.append(contentsOf: Array("\\ufeff".utf8))
-                index += 3
-                continue
-            }
-            out.append(byte)
-            index += 1
-        }
-        return out
-    }
-
-    /// Why `body` is not UTF-8 JSON text, or nil: a byte-order mark, a NUL
-    /// byte (never valid in JSON text, and present in any UTF-16 or UTF-32
-    /// encoding of `{`), or an invalid UTF-8 sequence.
-    static func notUTF8(_ body: [UInt8]) -> String? {
-        if body.starts(with: [0xEF, 0xBB, 0xBF]) || body.starts(with: [0xFE, 0xFF]) || body.starts(with: [0xFF, 0xFE]) {
-            return "it starts with a byte-order mark"
-        }
-        if body.contains(0) { return "it holds a NUL byte, as UTF-16 and UTF-32 text does" }
-        if String(validating: body, as: UTF8.self) == nil { return "invalid UTF-8 sequence" }
-        return nil
-    }
-
-    /// One pass of ``scanMemberNames(in:_:)``: how many member names `body`
-    /// holds, and whether a `,` comes directly before a `}` or `]`.
-    static func textStructure(_ body: [UInt8]) -> (memberNames: Int, trailingComma: Bool) {
-        var count = 0
-        var trailingComma = false
-        scanMemberNames(in: body) { event, _ in
-            switch event {
-            case .name: count += 1
-            case .trailingComma: trailingComma = true
-            default: break
-            }
-            return true
-        }
-        return (count, trailingComma)
     }
 
     /// The first member name that appears twice in the same object anywhere
@@ -464,7 +351,7 @@ public struct FieldReader {
             }
             return path.isEmpty ? name : "\(path).\(name)"
         }
-        scanMemberNames(in: body) { event, raw in
+        JSONText.scanMemberNames(in: body) { event, raw in
             switch event {
             case .objectStart:
                 frames.append(.object(names: [], current: nil))
@@ -473,7 +360,7 @@ public struct FieldReader {
             case .objectEnd, .arrayEnd:
                 if !frames.isEmpty { frames.removeLast() }
             case .trailingComma:
-                break  // refused by parseJSONText before any name is compared
+                break  // refused by JSONText.parse before any name is compared
             case .nextElement:
                 if case .array(let index)? = frames.last { frames[frames.count - 1] = .array(index: index + 1) }
             case .name(let escaped):
@@ -491,80 +378,9 @@ public struct FieldReader {
         return repeated
     }
 
-    /// What ``scanMemberNames(in:_:)`` reports.
-    enum ScanEvent {
-        case objectStart
-        case objectEnd
-        case arrayStart
-        case arrayEnd
-        /// A comma between two elements of an array.
-        case nextElement
-        /// A member name (its raw bytes are passed alongside); `escaped`
-        /// when they hold a backslash escape.
-        case name(escaped: Bool)
-        /// A `,` directly before the `}` or `]` that follows (reported
-        /// before that end): RFC 8259 has no trailing commas.
-        case trailingComma
-    }
-
-    /// Walks the JSON text in `body` and reports each object's and array's
-    /// start and end, each comma between array elements, each comma right
-    /// before an end (a trailing comma), and each member name (raw bytes
-    /// between the quotes), until
-    /// `visit` returns false. A string is a name when it sits directly in an
-    /// object after `{` or `,`. Meant for text the parser accepted; stays in
-    /// bounds on any input.
-    static func scanMemberNames(in body: [UInt8], _ visit: (ScanEvent, ArraySlice<UInt8>) -> Bool) {
-        let quote = UInt8(ascii: "\""), backslash = UInt8(ascii: "\\")
-        // One entry per open container: true for an object, false for an array.
-        var open: [Bool] = []
-        var previous: UInt8 = 0  // the last structural byte outside strings
-        var index = 0
-        while index < body.count {
-            let byte = body[index]
-            switch byte {
-            case quote:
-                let start = index + 1
-                var end = start
-                var escaped = false
-                while end < body.count && body[end] != quote {
-                    if body[end] == backslash { escaped = true; end += 1 }
-                    end += 1
-                }
-                index = end
-                let isName = (open.last ?? false) && (previous == UInt8(ascii: "{") || previous == UInt8(ascii: ","))
-                previous = quote
-                if isName && !visit(.name(escaped: escaped), body[start..<min(end, body.count)]) { return }
-            case UInt8(ascii: "{"):
-                open.append(true)
-                previous = byte
-                if !visit(.objectStart, []) { return }
-            case UInt8(ascii: "["):
-                open.append(false)
-                previous = byte
-                if !visit(.arrayStart, []) { return }
-            case UInt8(ascii: "}"), UInt8(ascii: "]"):
-                if previous == UInt8(ascii: ","), !visit(.trailingComma, []) { return }
-                let wasObject = open.popLast() ?? false
-                previous = byte
-                if !visit(wasObject ? .objectEnd : .arrayEnd, []) { return }
-            case UInt8(ascii: ","):
-                previous = byte
-                if open.last == false && !visit(.nextElement, []) { return }
-            case UInt8(ascii: ":"):
-                previous = byte
-            case 0x20, 0x09, 0x0a, 0x0d:
-                break  // whitespace
-            default:
-                previous = UInt8(ascii: "0")  // inside a number, true, false or null: a value
-            }
-            index += 1
-        }
-    }
-
     /// A JSON string's content with its escapes decoded (by JSONSerialization).
     private static func decodedString(_ raw: ArraySlice<UInt8>) -> String {
-        let literal = escapingByteOrderMarks([UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")])
+        let literal = JSONText.escapingByteOrderMarks([UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")])
         return (try? JSONSerialization.jsonObject(with: Data(literal), options: .fragmentsAllowed) as? String) ?? String(decoding: raw, as: UTF8.self)
     }
 

@@ -80,6 +80,29 @@ struct CompactJWSTests {
         #expect(throws: JWSError.self) { try CompactJWS.assemble(signingInput: "a.b", rawSignature: Array(raw.prefix(63))) }
     }
 
+    @Test("decode takes only UTF-8 JSON: UTF-16, a byte-order mark or a trailing comma is jws_json, a comma in a string is not")
+    func decodeStrictJSON() throws {
+        let signature = Base64URL.encode([UInt8](repeating: 0x11, count: 64))
+        let header = Array(#"{"alg":"ES256","kid":"K","typ":"JWT"}"#.utf8)
+        let claims = Array(#"{"iss":"x"}"#.utf8)
+        func token(_ header: [UInt8], _ claims: [UInt8]) -> String {
+            "\(Base64URL.encode(header)).\(Base64URL.encode(claims)).\(signature)"
+        }
+        // Foundation's parser reads each of these; signctl verify jws --json printed them as is, which is not JSON.
+        let refused: [(String, String)] = [
+            ("trailing comma in the header", token(Array(#"{"alg":"ES256","kid":"K",}"#.utf8), claims)),
+            ("trailing comma in a claim's array", token(header, Array(#"{"a":[1, ] }"#.utf8))),
+            ("UTF-16 header", token(Array(#"{"alg":"ES256"}"#.utf16.flatMap { [UInt8($0 & 0xff), UInt8($0 >> 8)] }), claims)),
+            ("byte-order mark before the claims", token(header, [0xEF, 0xBB, 0xBF] + claims)),
+        ]
+        for (name, text) in refused {
+            let error = #expect(throws: JWSError.self, "\(name)") { try CompactJWS.decode(text) }
+            #expect(error?.code == "jws_json", "\(name)")
+        }
+        let commaInString = try CompactJWS.decode(token(header, Array(#"{"a":",}","b":"\\\",]"}"#.utf8)))
+        #expect(commaInString.claims == #"{"a":",}","b":"\\\",]"}"#)
+    }
+
     @Test("a JWS signed through SoftHSM verifies; a changed claim does not")
     func signThroughToken() throws {
         let token = try SoftHSMFixture.shared.makeToken("jws")

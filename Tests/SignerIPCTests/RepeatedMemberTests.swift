@@ -1,4 +1,5 @@
 import Foundation
+import HSMSigner
 @testable import SignerIPC
 import Testing
 
@@ -58,7 +59,7 @@ struct RepeatedMemberTests {
         (#"{"bundle_id":"a\",\"bundle_id\":\"b","request":{"x":[1,{"y":2}]}}"#, 4),
     ])
     func nameCount(body: String, count: Int) throws {
-        #expect(FieldReader.textStructure(Array(body.utf8)).memberNames == count)
+        #expect(JSONText.structure(Array(body.utf8)).memberNames == count)
         let parsed = try JSONValue(foundation: JSONSerialization.jsonObject(with: Data(body.utf8)), path: "")
         #expect(parsed.memberCount == count)
     }
@@ -124,7 +125,7 @@ struct LeadingByteOrderMarkTests {
 
     func object(_ body: String) throws -> [String: JSONValue] {
         _ = try FieldReader(json: Array(body.utf8), allowed: ["request"])
-        guard case .object(let members)? = try JSONValue(foundation: FieldReader.parseJSONText(Array(body.utf8)).value, path: "") as JSONValue? else {
+        guard case .object(let members)? = try JSONValue(foundation: JSONText.parse(Array(body.utf8)).value, path: "") as JSONValue? else {
             throw APIError(.invalidJSON, "not an object")
         }
         return members
