@@ -47,6 +47,17 @@ package protocol PKCS11Interposer: AnyObject, Sendable {
     ///   - session: the session handle it is called with (0 when none).
     /// - Returns: nil to call the module, or the `CK_RV` to return instead.
     func intercept(_ function: PKCS11Function, session: UInt) -> PKCS11ReturnValue?
+
+    /// Sees the signature `C_Sign` returned, and may hand back another in
+    /// its place (a module whose output has a given shape).
+    /// - Parameter signature: the module's output, raw `r ‖ s`.
+    /// - Returns: the bytes signerd is to take as the module's output.
+    func signed(_ signature: [UInt8]) -> [UInt8]
+}
+
+extension PKCS11Interposer {
+    /// The module's own output, unchanged.
+    package func signed(_ signature: [UInt8]) -> [UInt8] { signature }
 }
 
 /// One loaded PKCS#11 module (a shared library and its function list),
@@ -308,7 +319,8 @@ struct PKCS11Functions: @unchecked Sendable {
         var input = digest
         rv = PKCS11ReturnValue(rawValue: list.pointee.C_Sign(CK_SESSION_HANDLE(session), &input, CK_ULONG(input.count), &signature, &length))
         guard rv == .ok else { return (rv, .sign, []) }
-        return (rv, .sign, Array(signature.prefix(Int(length))))
+        let output = Array(signature.prefix(Int(length)))
+        return (rv, .sign, interposer?.signed(output) ?? output)
     }
 
     /// `C_FindObjectsInit`, `C_FindObjects` (in batches), `C_FindObjectsFinal`.

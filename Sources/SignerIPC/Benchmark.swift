@@ -166,7 +166,8 @@ public enum ProcessStatistics {
 /// A closed-loop load generator over signerd's socket: `concurrency`
 /// keep-alive connections, each sending the next request as soon as the
 /// previous answer arrived. A response counts as an error unless it is a 200
-/// carrying a well-formed signature (DER for the classic kinds, 64-byte
+/// carrying a well-formed signature (DER of 70–72 bytes, 96 Base64
+/// characters, for the classic kinds; 64-byte
 /// ES256 for JWS); with `verify`, each signature is also verified with the
 /// key's public key.
 public struct LoadGenerator: Sendable {
@@ -326,8 +327,10 @@ public struct LoadGenerator: Sendable {
         case .healthz:
             return nil
         case .promotionalOffer, .offers:
-            guard let text = Self.stringMember("signature", in: response.body),
-                  let der = Data(base64Encoded: text), (try? ECDSASignature.raw(fromDER: Array(der), curve: .p256)) != nil else {
+            // apple-signatures.md: DER of 70–72 bytes, 96 Base64 characters.
+            guard let text = Self.stringMember("signature", in: response.body), text.utf8.count == 96,
+                  let der = Data(base64Encoded: text), (70...72).contains(der.count),
+                  (try? ECDSASignature.raw(fromDER: Array(der), curve: .p256)) != nil else {
                 return "malformed_signature"
             }
             guard let publicKeys else { return nil }

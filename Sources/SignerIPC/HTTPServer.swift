@@ -180,6 +180,10 @@ final class RequestState: @unchecked Sendable {
     var tooLarge = false
     var answered = false
     var processing = false
+    /// An error found from the head of a request without a body, answered
+    /// once libmicrohttpd has the whole request (queued earlier, it would
+    /// close the keep-alive connection).
+    var earlyAnswer: HTTPResponse?
 
     init(connection: ConnectionState?, path: String) {
         self.connection = connection
@@ -310,7 +314,7 @@ public final class HTTPServer: @unchecked Sendable {
             // thread: until then it is in no count the drain looks at, so
             // it is remembered by its socket's inode.
             let identity = Self.socketIdentity(client)
-            if let identity { adoption.withLock { $0.pending.insert(identity) } }
+            if let identity { adoption.withLock { _ = $0.pending.insert(identity) } }
             // libmicrohttpd closes the socket itself if it cannot take it.
             let added = withUnsafePointer(to: &address) {
                 $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { MHD_add_connection(daemon, client, $0, length) }
@@ -688,6 +692,15 @@ public final class HTTPServer: @unchecked Sendable {
         return nil
     }
 
+    /// Whether the request carries no body (RFC 9112 §6.3): no
+    /// `Transfer-Encoding`, and `Content-Length: 0`, or no `Content-Length`
+    /// on a method that has no body without one. A POST or PUT without a
+    /// length is not taken as bodiless (``framingProblem(_:method:)``).
+    static func hasNoBody(_ headers: HeaderScan, method: String) -> Bool {
+        guard headers.codings.isEmpty, headers.lengths.allSatisfy({ $0 == "0" }) else { return false }
+        return !headers.lengths.isEmpty || (method != "POST" && method != "PUT")
+    }
+
     private static let libraryLog: CSignerShim_log_callback = { context, message in
         let server = HTTPServer.server(context)
         // Said whenever the access handler returns MHD_NO, which signerd does
@@ -747,6 +760,10 @@ public final class HTTPServer: @unchecked Sendable {
             let lengthHeader = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length").map { String(cString: $0) }
             let contentLength = lengthHeader.flatMap(HTTPServer.declaredLength)
             if let early = server.handler.preflight(method: methodName, path: state.path, contentType: contentType, contentLength: contentLength, peer: peer) {
+                if HTTPServer.hasNoBody(headers, method: methodName) {
+                    state.earlyAnswer = early
+                    return .YES
+                }
                 state.answered = true
                 return server.queue(early, path: state.path, on: connection)
             }
@@ -779,6 +796,10 @@ public final class HTTPServer: @unchecked Sendable {
 
         guard !state.answered else { return .YES }
         state.answered = true
+        if let early = state.earlyAnswer {
+            state.connection?.requestStarted.store(0, ordering: .releasing)
+            return server.queue(early, path: state.path, on: connection)
+        }
         if state.tooLarge {
             state.connection?.requestStarted.store(0, ordering: .releasing)
             return server.queue(server.handler.payloadTooLarge(path: state.path, limit: server.options.maxBodyBytes), path: state.path, on: connection)

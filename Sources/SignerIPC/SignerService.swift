@@ -531,10 +531,29 @@ public final class SignerService: HTTPHandler, Sendable {
         } catch {
             throw APIError(error)
         }
-        let signature = try sign(digest: SHA256.hash(payload.payload), keyID: keyID, config)
+        let digest = SHA256.hash(payload.payload)
+        var signature = try sign(digest: digest, keyID: keyID, config)
+        // When r or s is below 2²⁴⁸ (about one signature in 128) its DER is
+        // shorter than the 70–72 bytes (96 Base64 characters) Apple's format
+        // documents. It is a valid signature, but clients that check the
+        // documented length refuse it: sign again, with the token's fresh
+        // random k, over the same payload.
+        var attempts = 1
+        while signature.der.count < Self.classicDERMinimumBytes && attempts < Self.classicSignAttempts {
+            signature = try sign(digest: digest, keyID: keyID, config)
+            attempts += 1
+        }
         return PromotionalOfferResponse(keyID: keyID, appAccountToken: payload.appAccountToken, nonce: payload.nonce, timestamp: payload.timestamp,
                                         signature: Data(signature.der).base64EncodedString())
     }
+
+    /// The shortest DER signature a classic kind returns: 70 bytes, which
+    /// Base64 writes in 96 characters (apple-signatures.md: "70–72 bytes").
+    static let classicDERMinimumBytes = 70
+    /// How many signatures a classic request makes at most to get one of
+    /// ``classicDERMinimumBytes`` or more; the last is returned whatever its
+    /// length (eight short ones in a row happen once in 10¹⁶ requests).
+    static let classicSignAttempts = 8
 
     /// `POST /v1/offers` (RevenueCat SDK batch): each offer succeeds or fails
     /// on its own: 7226 for an entry that breaks a field rule (the message

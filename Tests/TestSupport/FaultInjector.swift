@@ -37,6 +37,8 @@ package final class FaultInjector: PKCS11Interposer {
         /// The device is away until this instant (MonotonicClock ns), answering `outageValue`.
         var outageUntil: UInt64 = 0
         var outageValue: PKCS11ReturnValue = .deviceRemoved
+        /// Raw signatures to hand back, in order, in place of the next `C_Sign` outputs.
+        var replacementSignatures: [[UInt8]] = []
     }
 
     private let state = Mutex(State())
@@ -85,6 +87,18 @@ package final class FaultInjector: PKCS11Interposer {
             $0.outageValue = rv
             $0.outageUntil = MonotonicClock.deadline(after: seconds)
         }
+    }
+
+    /// The next `signatures.count` successful `C_Sign` calls return these
+    /// raw `r ‖ s` values instead of the module's output (a module whose
+    /// signatures have a given shape).
+    package func replaceSignatures(_ signatures: [[UInt8]]) {
+        state.withLock { $0.replacementSignatures += signatures }
+    }
+
+    /// The next replacement from ``replaceSignatures(_:)``, or the module's own output.
+    package func signed(_ signature: [UInt8]) -> [UInt8] {
+        state.withLock { $0.replacementSignatures.isEmpty ? signature : $0.replacementSignatures.removeFirst() }
     }
 
     public func clear() {

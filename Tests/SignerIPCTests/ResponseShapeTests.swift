@@ -1,0 +1,103 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import TestSupport
+import Testing
+
+/// The shapes the contract promises for what goes back to a client: a
+/// classic signature of 70–72 DER bytes (96 Base64 characters), and a
+/// keep-alive connection that stays open after an error answered before
+/// any body was read.
+@Suite("Response shapes", .serialized)
+struct ResponseShapeTests {
+    /// apple-signatures.md: "DER encoded (SEQUENCE of two INTEGERs, 70–72
+    /// bytes), then standard Base64 with padding (96 characters)". About
+    /// one ECDSA signature in 128 has an r or s below 2²⁴⁸ and a shorter DER.
+    @Test("a classic signature whose DER is under 70 bytes is made again: the answer is 96 Base64 characters and verifies")
+    func shortDERSignedAgain() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let nonce = "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"
+        let timestamp = AppleFields.nowMilliseconds()
+        let payload = try PromotionalOfferPayload(bundleID: daemon.bundleID, keyID: daemon.keyID, productID: "pro_monthly", offerID: "winback",
+                                                  appAccountToken: "", nonce: nonce, timestamp: timestamp)
+        let digest = SHA256.hash(payload.payload)
+        // A real signature of the token over this payload whose DER is short:
+        // valid, so verify_before_return lets it through unless signerd looks at its length.
+        var short: [UInt8]?
+        for _ in 0..<20_000 where short == nil {
+            let raw = try daemon.token.sign(digest: digest, keyID: daemon.keyID).raw
+            if try ECDSASignature.der(fromRaw: raw, curve: .p256).count < 70 { short = raw }
+        }
+        let found = try #require(short, "no short signature in 20,000 tries (expected about one in 128)")
+        #expect(daemon.publicKey.verify(rawSignature: found, digest: digest))
+        daemon.faults.replaceSignatures([found])
+        let signsBefore = daemon.faults.calls(.sign)
+
+        let body = #"{"bundle_id":"\#(daemon.bundleID)","product_id":"pro_monthly","offer_id":"winback","nonce":"\#(nonce)","timestamp":\#(timestamp)}"#
+        let response = try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: Array(body.utf8))
+        #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
+        let answer = try JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(response.body))
+        #expect(answer.signature.utf8.count == 96, "\(answer.signature)")
+        let der = try #require(Data(base64Encoded: answer.signature))
+        #expect((70...72).contains(der.count))
+        #expect(try opensslVerifies(publicKeyPEM: daemon.publicKey.pem, derSignature: Array(der), message: payload.payload))
+        #expect(daemon.faults.calls(.sign) - signsBefore == 2, "the short signature and one more")
+    }
+
+    /// Reads one whole response (head and `Content-Length` body) from `connection`.
+    func readResponse(_ connection: UnixConnection) throws -> String {
+        var received: [UInt8] = []
+        while true {
+            let text = String(decoding: received, as: UTF8.self)
+            if let headEnd = text.range(of: "\r\n\r\n") {
+                let head = text[..<headEnd.lowerBound].lowercased()
+                let length = head.split(separator: "\r\n").first { $0.hasPrefix("content-length:") }
+                    .flatMap { Int($0.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces)) } ?? 0
+                if received.count - text[..<headEnd.upperBound].utf8.count >= length { return text }
+            }
+            guard try connection.read(appendingTo: &received) > 0 else { return String(decoding: received, as: UTF8.self) }
+        }
+    }
+
+    /// An error answered from the head alone (404, 405, 415) used to be
+    /// queued before libmicrohttpd had finished the request, and it then
+    /// closed the connection, so a keep-alive client's next request met a reset.
+    @Test("404, 405 and 415 for a request without a body keep the connection open for the next request")
+    func earlyErrorsKeepAlive() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+        defer { connection.close() }
+        let requests: [(String, String)] = [
+            ("GET /nope HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 404"),
+            ("GET /v1/sign/promotional-offer HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 405"),
+            ("POST /v1/sign/promotional-offer HTTP/1.1\r\nHost: x\r\nContent-Type: text/plain\r\nContent-Length: 0\r\n\r\n", "HTTP/1.1 415"),
+            ("DELETE /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 405"),
+            ("GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n", "HTTP/1.1 200"),
+        ]
+        for (request, status) in requests {
+            try connection.write(Array(request.utf8))
+            let response = try readResponse(connection)
+            #expect(response.hasPrefix(status), "\(request): \(response)")
+            #expect(!response.lowercased().contains("connection: close"), "\(request): \(response)")
+        }
+    }
+
+    /// An early answer to a request whose body was not read still closes:
+    /// the unread body would otherwise be taken for the next request.
+    @Test("an early error for a request with a body still closes the connection")
+    func earlyErrorWithBodyCloses() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+        defer { connection.close() }
+        let hidden = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+        try connection.write(Array("POST /nope HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(hidden.utf8.count)\r\n\r\n\(hidden)".utf8))
+        var received: [UInt8] = []
+        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+        let text = String(decoding: received, as: UTF8.self)
+        #expect(text.hasPrefix("HTTP/1.1 404"), "\(text)")
+        #expect(text.components(separatedBy: "HTTP/1.1 ").count == 2, "the body was not answered as a request: \(text)")
+    }
+}
