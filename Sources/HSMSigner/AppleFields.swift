@@ -170,13 +170,18 @@ public enum AppleFields {
     /// - Parameters:
     ///   - timestamp: the value given, milliseconds since 1970-01-01 UTC.
     ///   - now: the current time in milliseconds.
-    /// - Throws: ``FieldError`` `invalid_field` (`timestamp`); a value that
-    ///   is in the window once multiplied by 1000 (seconds given for
-    ///   milliseconds) gets a message saying so.
+    /// - Throws: ``FieldError`` `invalid_field` (`timestamp`). A positive
+    ///   value of 10 digits or fewer gets a message saying it looks like
+    ///   seconds and milliseconds are expected (with "multiply by 1000" when
+    ///   that lands in the window); 11 digits, that 13 are expected.
     public static func checkTimestamp(_ timestamp: Int64, now: Int64) throws(FieldError) {
         let window = (now - timestampMaximumAge)...(now + timestampMaximumSkew)
-        if timestamp > 0, timestamp < Int64.max / 1000, window.contains(timestamp * 1000) {
-            throw .invalid("timestamp", "timestamp must be UNIX time in milliseconds (13 digits); \(timestamp) looks like seconds — multiply by 1000")
+        if timestamp > 0, timestamp < 10_000_000_000 {
+            let hint = window.contains(timestamp * 1000) ? " — multiply by 1000" : ""
+            throw .invalid("timestamp", "timestamp must be UNIX time in milliseconds (13 digits); \(timestamp) looks like UNIX time in seconds\(hint)")
+        }
+        if timestamp >= 10_000_000_000, timestamp < 100_000_000_000 {
+            throw .invalid("timestamp", "timestamp must be UNIX time in milliseconds (13 digits); \(timestamp) has 11 digits and is more than 24 hours in the past")
         }
         if timestamp < now - timestampMaximumAge {
             throw .invalid("timestamp", "timestamp \(timestamp) is more than 24 hours in the past; Apple accepts a signed offer for 24 hours (UNIX time in milliseconds)")

@@ -82,9 +82,17 @@ struct PromotionalOfferPayloadTests {
         #expect(seconds?.field == "timestamp")
         #expect(seconds?.message.contains("milliseconds") == true)
         #expect(seconds?.message.contains("seconds") == true)
+        // api.md: "a 10-digit value is rejected with a message that says
+        // milliseconds are expected", whether or not times 1000 is in the window.
+        for tenDigits: Int64 in [1_000_000_000, 1_790_800_914 - 5 * 86_400, 9_999_999_999, 17, 1] {
+            let old = #expect(throws: FieldError.self) { try AppleFields.checkTimestamp(tenDigits, now: now) }
+            #expect(old?.message.contains("milliseconds") == true && old?.message.contains("looks like UNIX time in seconds") == true, "\(old?.message ?? "")")
+            #expect(old?.message.contains("multiply") == false, "out of the window even in milliseconds: \(old?.message ?? "")")
+        }
         // 11 digits: times 1000 is not a time Apple accepts either, so no advice to multiply.
         let eleven = #expect(throws: FieldError.self) { try AppleFields.checkTimestamp(17_908_009_140, now: now) }
         #expect(eleven?.message.contains("multiply") == false, "\(eleven?.message ?? "")")
+        #expect(eleven?.message.contains("milliseconds (13 digits)") == true, "\(eleven?.message ?? "")")
         #expect(eleven?.message.contains("24 hours in the past") == true, "\(eleven?.message ?? "")")
         let old = #expect(throws: FieldError.self) { try AppleFields.checkTimestamp(now - AppleFields.timestampMaximumAge - 1, now: now) }
         #expect(old?.message.contains("24 hours") == true)
