@@ -65,15 +65,17 @@ extension SignerService {
         return json(200, JWSResponse(jws: jws, keyID: key.keyID, nonce: nonce))
     }
 
-    /// The App Store Server API bearer token: `iat` backdated by
-    /// `clock_skew_seconds` so a host clock slightly ahead of Apple's gives
-    /// no future `iat`; `exp − iat` never over 3600.
+    /// The App Store Server API bearer token: `exp − iat` is `ttl_seconds`
+    /// (1–3600; Apple refuses more than 60 minutes), and `iat` is backdated
+    /// by `clock_skew_seconds`, at most half the TTL, so that a host clock
+    /// slightly ahead of Apple's gives no future `iat` (a 401) and the token
+    /// is still valid when it leaves.
     private func serverAPIToken(_ fields: ServerAPITokenRequest, _ peer: PeerCredentials, _ config: SignerConfiguration, now: Int64) throws(APIError) -> HTTPResponse {
         try checked { () throws(FieldError) in try AppleFields.checkIdentifier(fields.bundleID, field: "bundle_id") }
         let key = try resolveKey(bundleID: fields.bundleID, keyID: fields.keyID, peer: peer, config)
         let ttl = Int64(fields.ttlSeconds ?? 300)
-        let issuedAt = now - Int64(config.clockSkewSeconds)
-        let expiresAt = min(now + ttl, issuedAt + 3600)
+        let issuedAt = now - min(Int64(config.clockSkewSeconds), ttl / 2)
+        let expiresAt = issuedAt + ttl
         let claims: [String: ClaimValue] = [
             "iss": .string(try issuer(of: key, config)), "iat": .integer(issuedAt), "exp": .integer(expiresAt),
             "aud": .string(JWSAudience.appStoreServerAPI), "bid": .string(fields.bundleID),

@@ -161,7 +161,7 @@ struct JWSTests {
         try expectServing(daemon)
     }
 
-    @Test("App Store Server API token: iat backdated by the skew, exp − iat ≤ 3600, default life 300 s")
+    @Test("App Store Server API token: exp − iat is ttl_seconds (default 300), iat backdated by the skew but at most half the TTL")
     func serverAPIToken() throws {
         let now = nowSeconds()
         let token = try post("/v1/tokens/app-store-server-api", ["bundle_id": "com.example.app"]).decode(ServerAPITokenResponse.self)
@@ -172,12 +172,19 @@ struct JWSTests {
         let exp = try #require(jws.claims["exp"] as? Int)
         #expect(Int64(iat) == token.issuedAt && Int64(exp) == token.expiresAt)
         #expect(iat <= now - 55 && iat >= now - 65, "iat backdated by clock_skew_seconds (60)")
-        #expect(exp - now >= 295 && exp - now <= 305)
-        #expect(exp - iat <= 3600)
+        #expect(exp - iat == 300, "the default ttl_seconds")
 
         let longest = try post("/v1/tokens/app-store-server-api", ["bundle_id": "com.example.app", "ttl_seconds": 3600]).decode(ServerAPITokenResponse.self)
         let long = try decodeAndVerify(longest.token)
-        #expect((long.claims["exp"] as? Int ?? 0) - (long.claims["iat"] as? Int ?? 0) == 3600, "capped at 3600 even with the skew")
+        #expect((long.claims["exp"] as? Int ?? 0) - (long.claims["iat"] as? Int ?? 0) == 3600, "Apple's cap, whatever the skew")
+
+        // A TTL under twice the skew: iat backdated by half of it, so the token is still valid when it leaves.
+        let start = Int64(nowSeconds())
+        let short = try post("/v1/tokens/app-store-server-api", ["bundle_id": "com.example.app", "ttl_seconds": 10]).decode(ServerAPITokenResponse.self)
+        #expect(short.expiresAt - short.issuedAt == 10)
+        #expect(short.issuedAt <= start - 4 && short.issuedAt >= start - 6, "\(short.issuedAt) against \(start)")
+        let one = try post("/v1/tokens/app-store-server-api", ["bundle_id": "com.example.app", "ttl_seconds": 1]).decode(ServerAPITokenResponse.self)
+        #expect(one.expiresAt - one.issuedAt == 1 && one.expiresAt > start)
     }
 
     @Test("PyJWT (with cryptography) verifies all four kinds independently")
