@@ -103,6 +103,9 @@ public final class HSMToken: @unchecked Sendable {
         var status: TokenStatus = .up
         var recovering = false
         var downSince: UInt64 = 0
+        /// The `CK_RV` that took the token down, when one did: requests
+        /// refused during the outage are counted under its `CKR_*` name.
+        var downReturnValue: PKCS11ReturnValue?
         /// Whether recovery must start with `C_Finalize` + `C_Initialize`
         /// (device and module failures) or may first try new sessions.
         var needsReinitialize = false
@@ -503,6 +506,8 @@ public final class HSMToken: @unchecked Sendable {
         var sessionRetries = 0
         var keyRetried = false
         var reloggedIn = false
+        // The failure that made the key be looked up again, if one did.
+        var staleKeyFailure: HSMError?
         while true {
             let generation = state.withLock { $0.loginGeneration }
             let key: CachedKey
@@ -517,8 +522,8 @@ public final class HSMToken: @unchecked Sendable {
                     // went stale: the token's storage itself may have gone (a
                     // network HSM partition away, SoftHSM's token directory
                     // moved). Reinitialize the module before believing it.
-                    markDown(reason: "key_vanished", reinitialize: true)
-                    throw unavailable(reason: "key \(keyID) vanished from the token", underlying: error)
+                    markDown(reason: "key_vanished", reinitialize: true, cause: staleKeyFailure?.returnValue)
+                    throw unavailable(reason: "key \(keyID) vanished from the token", underlying: staleKeyFailure ?? error)
                 }
                 throw error
             }
@@ -564,6 +569,7 @@ public final class HSMToken: @unchecked Sendable {
                 }
             case _ where PKCS11ReturnValue.objectFailures.contains(rv) && !keyRetried:
                 keyRetried = true
+                staleKeyFailure = failure
                 forgetKey(keyID)
             case .userNotLoggedIn where !reloggedIn:
                 reloggedIn = true
@@ -626,7 +632,9 @@ public final class HSMToken: @unchecked Sendable {
         case .up:
             return
         case .down(let reason):
-            throw unavailable(reason: reason, underlying: nil)
+            var error = unavailable(reason: reason, underlying: nil)
+            error.returnValue = state.withLock { $0.downReturnValue }
+            throw error
         case .pinRejected(let rv):
             var error = HSMError(.pinRejected, "the token refused the configured PIN (\(rv)); fix the PIN source and reload")
             error.returnValue = rv
@@ -652,8 +660,11 @@ public final class HSMToken: @unchecked Sendable {
     ///   - reinitialize: whether recovery must begin with `C_Finalize` +
     ///     `C_Initialize`; defaults to whether `reason` names a device or
     ///     module failure.
-    public func markDown(reason: String, reinitialize: Bool? = nil) {
-        let full = reinitialize ?? PKCS11ReturnValue.tokenFailures.contains { $0.name == reason }
+    ///   - cause: the `CK_RV` behind a `reason` that is not itself a
+    ///     `CKR_*` name (`key_vanished` after `CKR_KEY_HANDLE_INVALID`).
+    public func markDown(reason: String, reinitialize: Bool? = nil, cause: PKCS11ReturnValue? = nil) {
+        let named = PKCS11ReturnValue(name: reason)
+        let full = reinitialize ?? named.map { PKCS11ReturnValue.tokenFailures.contains($0) } ?? false
         let start: Bool = state.withLock { state in
             guard !state.closed else { return false }
             if case .pinRejected = state.status { return false }
@@ -661,6 +672,7 @@ public final class HSMToken: @unchecked Sendable {
             if case .up = state.status {
                 state.status = .down(reason: reason)
                 state.downSince = MonotonicClock.now()
+                state.downReturnValue = named ?? cause
                 // Handles may not survive the outage, and what is shown of a
                 // key (GET /v1/keys, signerd_keys) should say it is unreachable.
                 state.keys.removeAll()

@@ -223,6 +223,17 @@ public struct PKCS11ReturnValue: RawRepresentable, Hashable, Sendable, CustomStr
     /// Same as ``name``.
     public var description: String { name }
 
+    /// The value a `CKR_*` name from PKCS#11's list stands for.
+    /// - Parameter name: e.g. `CKR_DEVICE_REMOVED`.
+    /// - Returns: nil for anything else (vendor-defined values and
+    ///   signerd's own conditions such as `key_vanished` included).
+    public init?(name: String) {
+        guard name.hasPrefix("CKR_"), let value = Self.values[name] else { return nil }
+        self.init(rawValue: value)
+    }
+
+    private static let values: [String: UInt] = Dictionary(uniqueKeysWithValues: names.map { ($0.value, $0.key) })
+
     private static let names: [UInt: String] = [
         0: "CKR_OK",
         1: "CKR_CANCEL",

@@ -279,6 +279,15 @@ struct FaultToleranceTests {
         print("FAULT-OUTCOME every session hung: /healthz + /metrics answered in \(String(format: "%.3f", probeSeconds)) s; hung requests answered \(got.map { "\($0.status) after \(String(format: "%.2f", $0.seconds)) s" })")
     }
 
+    /// A client of `daemon` and a promotional-offer body for its bundle,
+    /// after one request signed with them.
+    func signingOnce(_ daemon: InProcessDaemon, sourceLocation: SourceLocation = #_sourceLocation) throws -> (SignerClient, [UInt8]) {
+        let client = SignerClient(socketPath: daemon.socketPath)
+        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
+        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200, sourceLocation: sourceLocation)
+        return (client, body)
+    }
+
     /// Found by the real-outage test under load: with a call still inside
     /// the module, recovery tried new sessions without C_Finalize +
     /// C_Initialize, SoftHSM still showed the token (its directory gone), the
@@ -288,9 +297,7 @@ struct FaultToleranceTests {
     func keysMissingBeforeReinitialize() throws {
         let daemon = try InProcessDaemon()
         defer { daemon.stop() }
-        let client = SignerClient(socketPath: daemon.socketPath)
-        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
-        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
+        let (client, body) = try signingOnce(daemon)
         // The token's storage goes away: every object search finds nothing.
         daemon.faults.hideObjects()
         daemon.token.markDown(reason: PKCS11ReturnValue.sessionHandleInvalid.name, reinitialize: false)
@@ -303,6 +310,25 @@ struct FaultToleranceTests {
         #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 })
         #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
         #expect(daemon.logged("key_missing_after_recovery") == 0)
+    }
+
+    /// api.md: "HSM errors by CKR name". A key whose handle went stale and
+    /// could not be found again (the token's storage gone) was counted as
+    /// `token_unavailable`, hiding the `CKR_*` value the token had answered.
+    @Test("the token's objects vanishing is counted under the CKR_* value that showed it, not signerd's own condition")
+    func vanishedKeyCountedByCKR() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let (client, body) = try signingOnce(daemon)
+        daemon.faults.hideObjects()
+        let during = try client.send("POST", "/v1/sign/promotional-offer", body: body)
+        #expect(during.status == 503, "\(String(decoding: during.body, as: UTF8.self))")
+        let metrics = String(decoding: try client.send("GET", "/metrics").body, as: UTF8.self)
+        let counted = metrics.split(separator: "\n").filter { $0.hasPrefix("signerd_hsm_errors_total{") }
+        #expect(counted == ["signerd_hsm_errors_total{rv=\"CKR_KEY_HANDLE_INVALID\"} 1"], "\(counted)")
+        daemon.faults.clear()
+        #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 })
+        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
     }
 
     @Test("CKR_PIN_INCORRECT on login: exactly one C_Login however many requests arrive; readiness says why; a reload with the right PIN recovers")
