@@ -92,7 +92,9 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// Most connections at once. Default 1024.
     public var maxConnections = 1024
     /// Most connections one peer uid may hold at once, so that one client
-    /// cannot take every slot. Default: half of ``maxConnections``.
+    /// cannot take every slot from the others. Default: ``maxConnections``
+    /// (api.md: "at most 1024 connections", from one client too); set it
+    /// lower when several backends share signerd.
     public var maxConnectionsPerUID: Int?
     /// Settings that are valid but probably not meant, each as a log event
     /// name and a hint: a socket any local user may connect to
@@ -117,8 +119,8 @@ public struct SignerConfiguration: Sendable, Equatable {
         return found
     }
 
-    /// ``maxConnectionsPerUID``, or its default: half of ``maxConnections`` (at least 1).
-    public var effectiveMaxConnectionsPerUID: Int { maxConnectionsPerUID ?? max(1, maxConnections / 2) }
+    /// ``maxConnectionsPerUID``, or its default: ``maxConnections``.
+    public var effectiveMaxConnectionsPerUID: Int { maxConnectionsPerUID ?? maxConnections }
     /// Largest request body in bytes. Default 65,536.
     public var maxBodyBytes = 64 * 1024
     /// Largest request head (request line and headers) in bytes. Default 8,192.

@@ -107,8 +107,8 @@ public struct HTTPServerOptions: Sendable {
     public var connectionLimit = 1024
     /// Most connections one uid (from `SO_PEERCRED`) may hold at once; a
     /// further one is answered 429 and closed on arrival, so one client
-    /// cannot take every slot (and with them the daemon's own health check).
-    public var connectionsPerUIDLimit = 512
+    /// cannot take every slot from the others.
+    public var connectionsPerUIDLimit = 1024
     /// Most connections a uid that may not use the server at all
     /// (``HTTPHandler/mayConnect(_:)`` false) may hold at once; enough to be
     /// told 403.

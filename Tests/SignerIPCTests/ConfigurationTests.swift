@@ -27,6 +27,16 @@ struct ConfigurationTests {
         #expect(!settled.advisories.contains { $0.event == "bundle_key_ambiguous" })
     }
 
+    /// api.md: "at most 1024 connections". A default share of half that
+    /// refused one client's 513th connection with 429.
+    @Test("by default one uid may hold max_connections connections; max_connections_per_uid lowers it")
+    func connectionShareDefault() throws {
+        #expect(try parse(#"{"token_uri": "\#(Self.uri)"}"#).effectiveMaxConnectionsPerUID == 1024)
+        #expect(try parse(#"{"token_uri": "\#(Self.uri)", "max_connections": 64}"#).effectiveMaxConnectionsPerUID == 64)
+        #expect(try parse(#"{"token_uri": "\#(Self.uri)", "max_connections_per_uid": 512}"#).effectiveMaxConnectionsPerUID == 512)
+        #expect(HTTPServerOptions().connectionsPerUIDLimit == HTTPServerOptions().connectionLimit)
+    }
+
     @Test("a fraction where a whole number belongs is named with its value")
     func fractionNamed() throws {
         let error = #expect(throws: ConfigurationError.self) { try parse(#"{"token_uri": "\#(Self.uri)", "rate_limit_per_second": 1.5}"#) }
