@@ -30,6 +30,19 @@ int CSignerShim_peer_credentials(int fd, uid_t *uid, gid_t *gid, pid_t *pid) {
     return 0;
 }
 
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59  // Linux 4.13, asm-generic/socket.h
+#endif
+
+int CSignerShim_peer_groups(int fd, gid_t *groups, int capacity) {
+    socklen_t len = (socklen_t)((size_t)capacity * sizeof(gid_t));
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0) {
+        // Too small a buffer: the kernel says how much it needs.
+        return errno == ERANGE ? (int)(len / sizeof(gid_t)) : -1;
+    }
+    return (int)(len / sizeof(gid_t));
+}
+
 int CSignerShim_disable_core_dumps(void) {
     struct rlimit none = {0, 0};
     if (setrlimit(RLIMIT_CORE, &none) != 0) {

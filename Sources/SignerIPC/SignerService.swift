@@ -338,10 +338,14 @@ public final class SignerService: HTTPHandler, Sendable {
             return true
         }
         guard !config.allowedGIDs.isEmpty else { return false }
-        return !Set(supplementaryGroups(of: peer.uid)).isDisjoint(with: config.allowedGIDs)
+        // The groups the calling process has (a unit's SupplementaryGroups=
+        // included), as the kernel checked them against the socket file's
+        // mode; the user database only when the kernel cannot say.
+        return (peer.groups ?? supplementaryGroups(of: peer.uid)).contains { config.allowedGIDs.contains($0) }
     }
 
-    /// The groups of the peer's user (`getgrouplist`), cached for a minute.
+    /// The groups of the peer's user (`getgrouplist`), cached for a minute:
+    /// for a kernel without `SO_PEERGROUPS` (before Linux 4.13).
     private func supplementaryGroups(of uid: UInt32) -> [UInt32] {
         let now = MonotonicClock.now()
         if let cached = groupCache.withLock({ $0[uid] }), MonotonicClock.nanoseconds(from: cached.at, to: now) < 60_000_000_000 {

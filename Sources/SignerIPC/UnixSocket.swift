@@ -30,12 +30,21 @@ public struct PeerCredentials: Sendable, Equatable, CustomStringConvertible {
     public var gid: UInt32
     /// The peer's pid.
     public var pid: Int32
+    /// The peer process's supplementary groups when it connected
+    /// (`SO_PEERGROUPS`); nil when the kernel gives none (before Linux 4.13).
+    public var groups: [UInt32]?
 
     /// Makes credentials.
-    public init(uid: UInt32, gid: UInt32, pid: Int32) {
+    /// - Parameters:
+    ///   - uid: the effective uid.
+    ///   - gid: the effective gid.
+    ///   - pid: the pid.
+    ///   - groups: the supplementary groups, or nil when unknown.
+    public init(uid: UInt32, gid: UInt32, pid: Int32, groups: [UInt32]? = nil) {
         self.uid = uid
         self.gid = gid
         self.pid = pid
+        self.groups = groups
     }
 
     /// `uid=… gid=… pid=…`, for logs.
@@ -206,15 +215,28 @@ public enum UnixListener {
         return String(decoding: path, as: UTF8.self)
     }
 
-    /// Reads `SO_PEERCRED` of a connected socket.
+    /// Reads `SO_PEERCRED` and `SO_PEERGROUPS` of a connected socket.
     /// - Parameter fd: a connected Unix stream socket.
-    /// - Returns: the peer's credentials, or nil when the kernel gives none.
+    /// - Returns: the peer's credentials, or nil when the kernel gives none;
+    ///   `groups` nil when only `SO_PEERGROUPS` failed.
     public static func peerCredentials(_ fd: Int32) -> PeerCredentials? {
         var uid: uid_t = 0
         var gid: gid_t = 0
         var pid: pid_t = 0
         guard CSignerShim_peer_credentials(fd, &uid, &gid, &pid) == 0 else { return nil }
-        return PeerCredentials(uid: uid, gid: gid, pid: pid)
+        return PeerCredentials(uid: uid, gid: gid, pid: pid, groups: peerGroups(fd))
+    }
+
+    /// `SO_PEERGROUPS`: the peer's supplementary groups, or nil.
+    private static func peerGroups(_ fd: Int32) -> [UInt32]? {
+        var groups = [gid_t](repeating: 0, count: 32)
+        var count = CSignerShim_peer_groups(fd, &groups, Int32(groups.count))
+        if count > groups.count {
+            groups = [gid_t](repeating: 0, count: Int(count))
+            count = CSignerShim_peer_groups(fd, &groups, Int32(groups.count))
+        }
+        guard count >= 0, count <= groups.count else { return nil }
+        return Array(groups.prefix(Int(count)))
     }
 }
 

@@ -28,7 +28,11 @@ public final class InProcessDaemon: @unchecked Sendable {
     /// - Parameters:
     ///   - signTimeoutMs: `sign_timeout_ms`.
     ///   - sessions: `session_pool_size`.
-    public init(signTimeoutMs: Int = 1000, sessions: Int = 4) throws {
+    ///   - socketMode: the socket file's mode (its directory is made
+    ///     searchable by all when others may connect).
+    ///   - configure: changes to the configuration before the service starts.
+    public init(signTimeoutMs: Int = 1000, sessions: Int = 4, socketMode: mode_t = 0o600,
+                configure: (inout SignerConfiguration) -> Void = { _ in }) throws {
         let made = try SoftHSMFixture.shared.makeToken("daemon")
         directory = TemporaryDirectory.make(prefix: "signerd-inproc")
         socketPath = directory + "/signerd.sock"
@@ -47,6 +51,7 @@ public final class InProcessDaemon: @unchecked Sendable {
         config.sessionPoolSize = sessions
         config.signTimeoutMs = signTimeoutMs
         config.readinessCacheSeconds = 0
+        configure(&config)
         let lines = LineCollector()
         logLines = lines
         let logger = Logger(minimumLevel: .info) { line in lines.append(line) }
@@ -55,7 +60,8 @@ public final class InProcessDaemon: @unchecked Sendable {
         options.logger = logger
         token = try HSMToken(uri: PKCS11URI(made.uri), options: options, interposer: faults)
         service = SignerService(configuration: config, token: token, logger: logger)
-        let listener = try UnixListener.bind(path: socketPath, mode: 0o600, group: nil)
+        if socketMode & 0o007 != 0 { chmod(directory, 0o755) }
+        let listener = try UnixListener.bind(path: socketPath, mode: socketMode, group: nil)
         var serverOptions = HTTPServerOptions()
         serverOptions.signTimeoutSeconds = Double(signTimeoutMs) / 1000
         server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: service.metrics)

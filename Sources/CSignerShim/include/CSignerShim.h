@@ -14,6 +14,12 @@
 /// Returns 0 on success, else -1 with errno set.
 int CSignerShim_peer_credentials(int fd, uid_t *uid, gid_t *gid, pid_t *pid);
 
+/// Supplementary groups of the peer of a connected Unix socket when it
+/// connected (`SO_PEERGROUPS`, Linux 4.13, socket(7)), into `groups` (room
+/// for `capacity`). Returns how many the peer has (more than `capacity`:
+/// call again with a larger buffer), or -1 with errno set.
+int CSignerShim_peer_groups(int fd, gid_t *groups, int capacity);
+
 /// `prctl(PR_SET_DUMPABLE, 0)` and `RLIMIT_CORE` 0: no core dump of the
 /// process memory, no ptrace attach by same-uid processes. Returns 0 or -1.
 int CSignerShim_disable_core_dumps(void);
