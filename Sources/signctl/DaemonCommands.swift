@@ -56,7 +56,7 @@ func failure(from response: ClientResponse) -> CommandFailure {
 func health(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: [], flags: ["json"])
     if arguments.flag("help") {
-        print("usage: signctl health [--json]\n\nAsks signerd's /readyz: every configured key signs a test digest that must verify.\nExit 0 ready, 69 not ready or unreachable.")
+        print("usage: signctl health [--json]\n\nAsks signerd's /readyz: every configured key signs a test digest that must verify.\nExit 0 ready, 69 not ready or unreachable, 75 rate limited (429), 77 not allowed (403).")
         return .success
     }
     _ = try arguments.positionals(0, "")

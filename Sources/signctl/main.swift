@@ -23,7 +23,7 @@ Token and keys (talk to the PKCS#11 token named by token_uri in the config):
                          remove a key's objects from the token
 
 Daemon (talk to signerd over its Unix socket, socket_path in the config):
-  health [--json]        readiness; exit 0 ready, 69 not ready or unreachable
+  health [--json]        readiness; exit 0 ready, 69 not ready or unreachable, 75 rate limited, 77 not allowed
   sign promotional-offer --bundle-id B --product-id P --offer-id O [--key-id K]
                          [--app-account-token UUID] [--nonce UUID] [--timestamp MS] [--json]
   sign promotional-offer-v2 --bundle-id B --product-id P --offer-id O [--transaction-id T] [--key-id K] [--json]
@@ -143,6 +143,10 @@ func runCommand(_ words: [String]) throws -> ExitCode {
         throw UsageError("unknown command \(noun)")
     }
 }
+
+// `keys import` holds the private key and every token command the PIN:
+// neither may land in a core file or be read by ptrace, as in signerd.
+ProcessControl.disableCoreDumps()
 
 let code: ExitCode
 do {

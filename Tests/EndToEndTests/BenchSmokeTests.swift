@@ -26,6 +26,28 @@ struct BenchSmokeTests {
         #expect((report.cpuMicrosecondsPerRequest?["signctl"] ?? 0) > 0, "the client's CPU time was read with getrusage")
     }
 
+    /// signctl holds the PIN (every token command) and the private key
+    /// (`keys import`); unlike signerd, it could leave them in a core file.
+    @Test("signctl runs with no core dumps (RLIMIT_CORE 0), as signerd does")
+    func noCoreDumps() throws {
+        let daemon = try DaemonHarness()
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: Binaries.signctl)
+        process.arguments = ["--config", daemon.configPath, "bench", "--direct", "--concurrency", "1", "--duration", "3"]
+        process.environment = daemon.environment
+        process.standardOutput = FileHandle.nullDevice
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        defer {
+            kill(process.processIdentifier, SIGKILL)
+            process.waitUntilExit()
+        }
+        usleep(1_000_000)
+        let limits = try String(contentsOfFile: "/proc/\(process.processIdentifier)/limits", encoding: .utf8)
+        let core = try #require(limits.split(separator: "\n").first { $0.hasPrefix("Max core file size") })
+        #expect(core.split(separator: " ", omittingEmptySubsequences: true).dropFirst(4).prefix(2) == ["0", "0"], "\(core)")
+    }
+
     @Test("the direct baseline runs clean")
     func direct() throws {
         let daemon = try DaemonHarness()
