@@ -700,7 +700,7 @@ public final class SignerService: HTTPHandler, Sendable {
         }
         let tokenProblem: String?
         switch token.status {
-        case .down(let reason): tokenProblem = "token unavailable (\(reason)); recovery is running"
+        case .down(let reason): tokenProblem = "token missing or unavailable (\(reason)); recovery is running"
         case .pinRejected(let rv): tokenProblem = "not logged in: the token refused the PIN (\(rv.name)); fix the PIN source and reload"
         case .up: tokenProblem = nil
         }
@@ -718,7 +718,7 @@ public final class SignerService: HTTPHandler, Sendable {
                     case .keyNotFound: reason = "key missing from token \(token.label)"
                     case .keyInvalid: reason = "key unusable: \(error.message)"
                     case .verificationFailed: reason = "signature did not verify with the public key"
-                    case .tokenUnavailable: reason = "token unavailable"
+                    case .tokenUnavailable: reason = "token missing or unavailable"
                     case .pinRejected: reason = "not logged in (PIN refused)"
                     default: reason = error.returnValue?.name ?? error.code.rawValue
                     }

@@ -326,6 +326,10 @@ struct FaultToleranceTests {
         let metrics = String(decoding: try client.send("GET", "/metrics").body, as: UTF8.self)
         let counted = metrics.split(separator: "\n").filter { $0.hasPrefix("signerd_hsm_errors_total{") }
         #expect(counted == ["signerd_hsm_errors_total{rv=\"CKR_KEY_HANDLE_INVALID\"} 1"], "\(counted)")
+        // api.md: readiness names the failing part ("token missing, …").
+        let ready = try client.send("GET", "/readyz")
+        #expect(ready.status == 503)
+        #expect(String(decoding: ready.body, as: UTF8.self).contains("token missing or unavailable (key_vanished)"), "\(String(decoding: ready.body, as: UTF8.self))")
         daemon.faults.clear()
         #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 })
         #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
