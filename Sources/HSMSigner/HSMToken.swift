@@ -370,7 +370,28 @@ public final class HSMToken: @unchecked Sendable {
     /// - Throws: ``HSMError/Code/keyNotFound``, ``HSMError/Code/keyInvalid``
     ///   when the key has no public key object.
     public func publicKey(keyID: String) throws(HSMError) -> ECPublicKey {
-        let key = try cachedKey(keyID)
+        try Self.publicKey(of: cachedKey(keyID), keyID: keyID)
+    }
+
+    /// The public key of `keyID` as the token holds it now: its objects are
+    /// looked up again, so a key another process replaced (`signctl keys
+    /// import --replace`) shows its new public key at once, and the cache
+    /// takes the fresh objects. For `GET /v1/keys`, not for signing.
+    /// - Parameter keyID: the App Store key ID (the objects' `CKA_ID`).
+    /// - Throws: as ``publicKey(keyID:)``; ``HSMError/Code/tokenUnavailable``
+    ///   while the token is down.
+    public func currentPublicKey(keyID: String) throws(HSMError) -> ECPublicKey {
+        let found = try withSession { (session) throws(HSMError) -> CachedKey in
+            try lookUpKey(keyID, session: session)
+        }
+        state.withLock { state in
+            state.keys[keyID] = found
+            state.knownKeys.insert(keyID)
+        }
+        return try Self.publicKey(of: found, keyID: keyID)
+    }
+
+    private static func publicKey(of key: CachedKey, keyID: String) throws(HSMError) -> ECPublicKey {
         guard let publicKey = key.publicKey else {
             var error = HSMError(.keyInvalid, "key \(keyID) has no public key object on the token; re-import it with signctl keys import --replace")
             error.keyID = keyID

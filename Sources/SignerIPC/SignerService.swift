@@ -435,7 +435,7 @@ public final class SignerService: HTTPHandler, Sendable {
     private func listKeys(_ config: SignerConfiguration) -> KeysResponse {
         KeysResponse(keys: config.keys.map { key in
             KeysResponse.Key(keyID: key.keyID, issuerID: key.issuerID ?? config.issuerID, bundleIDs: key.bundleIDs, curve: ECCurve.p256.rawValue,
-                             publicKeyPEM: (try? token.publicKey(keyID: key.keyID))?.pem, tokenLabel: token.label)
+                             publicKeyPEM: (try? token.currentPublicKey(keyID: key.keyID))?.pem, tokenLabel: token.label)
         })
     }
 

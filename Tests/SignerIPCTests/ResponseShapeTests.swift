@@ -45,6 +45,37 @@ struct ResponseShapeTests {
         #expect(daemon.faults.calls(.sign) - signsBefore == 2, "the short signature and one more")
     }
 
+    /// `GET /v1/keys` read a key's public key from signerd's cache, so after
+    /// `signctl keys import --replace` it showed the old key until a
+    /// signature with the new objects failed to verify, or a reload.
+    @Test("GET /v1/keys shows the public key of a key another process replaced on the token at once, and signing uses it")
+    func replacedKeyListed() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let client = SignerClient(socketPath: daemon.socketPath)
+        func listed() throws -> ECPublicKey? {
+            let keys = try client.send("GET", "/v1/keys").decode(KeysResponse.self).keys
+            return try keys.first { $0.keyID == daemon.keyID }?.publicKeyPEM.map { try ECPublicKey(pem: $0) }
+        }
+        #expect(try listed() == daemon.publicKey)
+        // Another process (signctl keys import --replace) puts a new key under the same key ID.
+        let files = try TestKeyFiles.make()
+        let newKey = try ECPublicKey(pem: files.publicKeyPEM)
+        var plain = TokenOptions()
+        plain.logger = .disabled
+        let importer = try HSMToken(uri: PKCS11URI(daemon.tokenURI), options: plain)
+        _ = try importer.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: daemon.keyID, replace: true)
+        importer.close()
+        #expect(try listed() == newKey, "the new key's public key, with no signature or reload in between")
+
+        let body = #"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#
+        let signed = try client.send("POST", "/v1/sign/promotional-offer", body: Array(body.utf8)).decode(PromotionalOfferResponse.self)
+        let payload = try PromotionalOfferPayload(bundleID: daemon.bundleID, keyID: daemon.keyID, productID: "p", offerID: "o",
+                                                  appAccountToken: "", nonce: signed.nonce, timestamp: signed.timestamp)
+        let der = try #require(Data(base64Encoded: signed.signature))
+        #expect(newKey.verify(derSignature: Array(der), digest: SHA256.hash(payload.payload)))
+    }
+
     /// Reads one whole response (head and `Content-Length` body) from `connection`.
     func readResponse(_ connection: UnixConnection) throws -> String {
         var received: [UInt8] = []

@@ -18,6 +18,8 @@ public final class InProcessDaemon: @unchecked Sendable {
     public let service: SignerService
     public let server: HTTPServer
     public let socketPath: String
+    /// The RFC 7512 URI of the daemon's SoftHSM token (with its PIN source).
+    public let tokenURI: String
     public let keyID = "FAULTKEY01"
     public let bundleID = "com.example.faults"
     public let publicKey: ECPublicKey
@@ -36,6 +38,7 @@ public final class InProcessDaemon: @unchecked Sendable {
         let made = try SoftHSMFixture.shared.makeToken("daemon")
         directory = TemporaryDirectory.make(prefix: "signerd-inproc")
         socketPath = directory + "/signerd.sock"
+        tokenURI = made.uri
         let files = try TestKeyFiles.make()
         publicKey = try ECPublicKey(pem: files.publicKeyPEM)
         var plain = TokenOptions()
