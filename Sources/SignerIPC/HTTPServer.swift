@@ -793,6 +793,13 @@ public final class HTTPServer: @unchecked Sendable {
             uploadSize.pointee = 0
             return .YES
         }
+        // libmicrohttpd 0.9.75 says the request is complete with a call
+        // whose upload_data is NULL. After it sent "100 Continue" for a
+        // request without a body, with the next pipelined request already
+        // read, its body loop also calls with data and a size of 0; a
+        // response queued then is refused (MHD_NO) and the connection
+        // closed with no answer to either request. Wait for the real end.
+        if uploadData != nil { return .YES }
 
         guard !state.answered else { return .YES }
         state.answered = true

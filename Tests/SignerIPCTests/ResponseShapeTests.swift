@@ -131,4 +131,37 @@ struct ResponseShapeTests {
         #expect(text.hasPrefix("HTTP/1.1 404"), "\(text)")
         #expect(text.components(separatedBy: "HTTP/1.1 ").count == 2, "the body was not answered as a request: \(text)")
     }
+
+    /// libmicrohttpd 0.9.75 sends "100 Continue" for a request without a
+    /// body that carries `Expect: 100-continue`; with the next pipelined
+    /// request already read, it then called the handler with data of size
+    /// 0 before the request was complete, refused the response queued there
+    /// and closed the connection: neither request got an answer.
+    @Test("a bodiless request with Expect: 100-continue followed by a pipelined one: both are answered, in order")
+    func expectContinuePipelined() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let requests: [(String, [String])] = [
+            ("GET /nope HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n", ["404", "200"]),
+            ("GET /healthz HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n\r\n", ["200", "200"]),
+            ("POST /healthz HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: 0\r\n\r\n", ["405", "200"]),
+            ("POST /v1/sign/promotional-offer HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n", ["400", "200"]),
+        ]
+        for (first, statuses) in requests {
+            let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+            defer { connection.close() }
+            try connection.write(Array((first + "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n").utf8))
+            // Read until both final answers are in (the last is the
+            // pipelined /healthz), or the connection ends.
+            var received: [UInt8] = []
+            var finals: [String] = []
+            while true {
+                let text = String(decoding: received, as: UTF8.self)
+                finals = text.components(separatedBy: "HTTP/1.1 ").dropFirst().map { String($0.prefix(3)) }.filter { $0 != "100" }
+                if finals.count >= statuses.count && text.hasSuffix(#"{"status":"ok"}"#) { break }
+                guard (try? connection.read(appendingTo: &received)) ?? 0 > 0 else { break }
+            }
+            #expect(finals == statuses, "\(first): \(String(decoding: received, as: UTF8.self))")
+        }
+    }
 }
