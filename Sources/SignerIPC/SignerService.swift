@@ -537,9 +537,9 @@ public final class SignerService: HTTPHandler, Sendable {
         }
         let digest = SHA256.hash(payload.payload)
         var signature = try sign(digest: digest, keyID: keyID, config)
-        // When r or s is below 2²⁴⁸ (about one signature in 128) its DER is
-        // shorter than the 70–72 bytes (96 Base64 characters) Apple's format
-        // documents. It is a valid signature, but clients that check the
+        // When r or s is below 2²⁴⁷ and the other below 2²⁵⁵ (about one
+        // signature in 512) the DER is shorter than the 70–72 bytes (96
+        // Base64 characters) Apple's format documents. It is a valid signature, but clients that check the
         // documented length refuse it: sign again, with the token's fresh
         // random k, over the same payload.
         var attempts = 1
@@ -556,7 +556,7 @@ public final class SignerService: HTTPHandler, Sendable {
     static let classicDERMinimumBytes = 70
     /// How many signatures a classic request makes at most to get one of
     /// ``classicDERMinimumBytes`` or more; the last is returned whatever its
-    /// length (eight short ones in a row happen once in 10¹⁶ requests).
+    /// length (eight short ones in a row happen once in 10²¹ requests).
     static let classicSignAttempts = 8
 
     /// `POST /v1/offers` (RevenueCat SDK batch): each offer succeeds or fails

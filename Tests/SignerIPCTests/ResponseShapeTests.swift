@@ -12,7 +12,8 @@ import Testing
 struct ResponseShapeTests {
     /// apple-signatures.md: "DER encoded (SEQUENCE of two INTEGERs, 70–72
     /// bytes), then standard Base64 with padding (96 characters)". About
-    /// one ECDSA signature in 128 has an r or s below 2²⁴⁸ and a shorter DER.
+    /// one ECDSA signature in 512 has a shorter DER (an r or s below 2²⁴⁷,
+    /// the other below 2²⁵⁵: INTEGER contents of 31 and 32 bytes or less).
     @Test("a classic signature whose DER is under 70 bytes is made again: the answer is 96 Base64 characters and verifies")
     func shortDERSignedAgain() throws {
         let daemon = try InProcessDaemon()
@@ -29,7 +30,7 @@ struct ResponseShapeTests {
             let raw = try daemon.token.sign(digest: digest, keyID: daemon.keyID).raw
             if try ECDSASignature.der(fromRaw: raw, curve: .p256).count < 70 { short = raw }
         }
-        let found = try #require(short, "no short signature in 20,000 tries (expected about one in 128)")
+        let found = try #require(short, "no short signature in 20,000 tries (expected about one in 512)")
         #expect(daemon.publicKey.verify(rawSignature: found, digest: digest))
         daemon.faults.replaceSignatures([found])
         let signsBefore = daemon.faults.calls(.sign)
