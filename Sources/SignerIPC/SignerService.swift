@@ -539,13 +539,17 @@ public final class SignerService: HTTPHandler, Sendable {
         var signature = try sign(digest: digest, keyID: keyID, config)
         // When r or s is below 2²⁴⁷ and the other below 2²⁵⁵ (about one
         // signature in 512) the DER is shorter than the 70–72 bytes (96
-        // Base64 characters) Apple's format documents. It is a valid signature, but clients that check the
-        // documented length refuse it: sign again, with the token's fresh
-        // random k, over the same payload.
+        // Base64 characters) Apple's format documents. It is a valid
+        // signature, but clients that check the documented length refuse
+        // it: sign again, with the token's fresh random k, over the same
+        // payload. The short one is kept if signing again fails (a deadline
+        // passed, the token went down) or gives the same signature (an HSM
+        // with deterministic k, RFC 6979, would give it every time).
         var attempts = 1
         while signature.der.count < Self.classicDERMinimumBytes && attempts < Self.classicSignAttempts {
-            signature = try sign(digest: digest, keyID: keyID, config)
             attempts += 1
+            guard let again = try? sign(digest: digest, keyID: keyID, config), again.raw != signature.raw else { break }
+            signature = again
         }
         return PromotionalOfferResponse(keyID: keyID, appAccountToken: payload.appAccountToken, nonce: payload.nonce, timestamp: payload.timestamp,
                                         signature: Data(signature.der).base64EncodedString())
@@ -556,7 +560,8 @@ public final class SignerService: HTTPHandler, Sendable {
     static let classicDERMinimumBytes = 70
     /// How many signatures a classic request makes at most to get one of
     /// ``classicDERMinimumBytes`` or more; the last is returned whatever its
-    /// length (eight short ones in a row happen once in 10²¹ requests).
+    /// length (eight short ones in a row happen once in 10²¹ requests), and
+    /// a short one when signing again fails or repeats it.
     static let classicSignAttempts = 8
 
     /// `POST /v1/offers` (RevenueCat SDK batch): each offer succeeds or fails

@@ -14,17 +14,16 @@ struct ResponseShapeTests {
     /// bytes), then standard Base64 with padding (96 characters)". About
     /// one ECDSA signature in 512 has a shorter DER (an r or s below 2²⁴⁷,
     /// the other below 2²⁵⁵: INTEGER contents of 31 and 32 bytes or less).
-    @Test("a classic signature whose DER is under 70 bytes is made again: the answer is 96 Base64 characters and verifies")
-    func shortDERSignedAgain() throws {
-        let daemon = try InProcessDaemon()
-        defer { daemon.stop() }
+    /// A request with a fixed nonce and timestamp for `daemon`, its payload,
+    /// and a real signature of the token over that payload whose DER is
+    /// short: valid, so verify_before_return lets it through unless signerd
+    /// looks at its length.
+    func shortSignatureCase(_ daemon: InProcessDaemon) throws -> (body: [UInt8], payload: PromotionalOfferPayload, short: [UInt8]) {
         let nonce = "0f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"
         let timestamp = AppleFields.nowMilliseconds()
         let payload = try PromotionalOfferPayload(bundleID: daemon.bundleID, keyID: daemon.keyID, productID: "pro_monthly", offerID: "winback",
                                                   appAccountToken: "", nonce: nonce, timestamp: timestamp)
         let digest = SHA256.hash(payload.payload)
-        // A real signature of the token over this payload whose DER is short:
-        // valid, so verify_before_return lets it through unless signerd looks at its length.
         var short: [UInt8]?
         for _ in 0..<20_000 where short == nil {
             let raw = try daemon.token.sign(digest: digest, keyID: daemon.keyID).raw
@@ -32,11 +31,18 @@ struct ResponseShapeTests {
         }
         let found = try #require(short, "no short signature in 20,000 tries (expected about one in 512)")
         #expect(daemon.publicKey.verify(rawSignature: found, digest: digest))
-        daemon.faults.replaceSignatures([found])
-        let signsBefore = daemon.faults.calls(.sign)
-
         let body = #"{"bundle_id":"\#(daemon.bundleID)","product_id":"pro_monthly","offer_id":"winback","nonce":"\#(nonce)","timestamp":\#(timestamp)}"#
-        let response = try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: Array(body.utf8))
+        return (Array(body.utf8), payload, found)
+    }
+
+    @Test("a classic signature whose DER is under 70 bytes is made again: the answer is 96 Base64 characters and verifies")
+    func shortDERSignedAgain() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let (body, payload, short) = try shortSignatureCase(daemon)
+        daemon.faults.replaceSignatures([short])
+        let signsBefore = daemon.faults.calls(.sign)
+        let response = try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: body)
         #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
         let answer = try JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(response.body))
         #expect(answer.signature.utf8.count == 96, "\(answer.signature)")
@@ -46,10 +52,34 @@ struct ResponseShapeTests {
         #expect(daemon.faults.calls(.sign) - signsBefore == 2, "the short signature and one more")
     }
 
+    /// A review found the re-signing threw the valid short signature away
+    /// when the second call failed (a 503 for a request already signed),
+    /// and that an HSM with deterministic k (RFC 6979) would be asked 8
+    /// times for the same signature.
+    @Test("the short signature is returned when signing again fails, or gives the same signature", arguments: ["fails", "repeats"])
+    func shortDERKept(_ second: String) throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let (body, payload, short) = try shortSignatureCase(daemon)
+        if second == "fails" {
+            daemon.faults.replaceSignatures([short])
+            daemon.faults.inject(.sign, .functionFailed, after: 1)
+        } else {
+            daemon.faults.replaceSignatures([short, short])
+        }
+        let signsBefore = daemon.faults.calls(.sign)
+        let response = try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: body)
+        #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
+        let answer = try JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(response.body))
+        #expect(answer.signature == Data(try ECDSASignature.der(fromRaw: short, curve: .p256)).base64EncodedString())
+        #expect(try opensslVerifies(publicKeyPEM: daemon.publicKey.pem, derSignature: try ECDSASignature.der(fromRaw: short, curve: .p256), message: payload.payload))
+        #expect(daemon.faults.calls(.sign) - signsBefore == 2, "one more try, not eight")
+    }
+
     /// `GET /v1/keys` read a key's public key from signerd's cache, so after
     /// `signctl keys import --replace` it showed the old key until a
     /// signature with the new objects failed to verify, or a reload.
-    @Test("GET /v1/keys shows the public key of a key another process replaced on the token at once, and signing uses it")
+    @Test("GET /v1/keys shows the public key of a key another process replaced on the token within 5 s, and signing uses it")
     func replacedKeyListed() throws {
         let daemon = try InProcessDaemon()
         defer { daemon.stop() }

@@ -19,6 +19,8 @@ package final class FaultInjector: PKCS11Interposer {
         var delay: Double = 0
         /// After the delay, fail with `CKR_FUNCTION_FAILED` instead of calling the module.
         var failAfterDelay = false
+        /// Calls to let through to the module before the rule applies.
+        var skip = 0
     }
 
     struct State {
@@ -48,8 +50,9 @@ package final class FaultInjector: PKCS11Interposer {
     /// Answers the next `count` calls of `function` with `rv` (nil: every
     /// call until ``clear()``), after blocking `delay` seconds; `.ok` lets
     /// the call through to the module after the delay (a slow module).
-    package func inject(_ function: PKCS11Function, _ rv: PKCS11ReturnValue, count: Int? = 1, delay: Double = 0) {
-        state.withLock { $0.rules.append(Rule(function: function, returnValue: rv, remaining: count, delay: delay)) }
+    /// `after` calls of `function` reach the module first.
+    package func inject(_ function: PKCS11Function, _ rv: PKCS11ReturnValue, count: Int? = 1, delay: Double = 0, after: Int = 0) {
+        state.withLock { $0.rules.append(Rule(function: function, returnValue: rv, remaining: count, delay: delay, skip: after)) }
     }
 
     /// The next `count` calls of `function` hang for `seconds`, then fail
@@ -139,6 +142,10 @@ package final class FaultInjector: PKCS11Interposer {
                 return (.objectHandleInvalid, 0)
             }
             guard let index = state.rules.firstIndex(where: { $0.function == function && ($0.remaining ?? 1) > 0 }) else {
+                return (nil, 0)
+            }
+            if state.rules[index].skip > 0 {
+                state.rules[index].skip -= 1
                 return (nil, 0)
             }
             let rule = state.rules[index]
