@@ -87,6 +87,8 @@ public final class HSMToken: @unchecked Sendable {
     struct CachedKey: Sendable {
         var handle: UInt
         var publicKey: ECPublicKey?
+        /// When the objects were read (``MonotonicClock`` nanoseconds).
+        var readAt = MonotonicClock.now()
     }
 
     struct State: Sendable {
@@ -94,6 +96,10 @@ public final class HSMToken: @unchecked Sendable {
         var label: String
         var serial: String
         var keys: [String: CachedKey] = [:]
+        /// Bumped whenever cached keys are dropped (an outage, a recovery,
+        /// ``forgetKey(_:)``): a look-up begun before then caches nothing,
+        /// since its handles may be stale.
+        var keysEpoch: UInt64 = 0
         /// Every key ID found on the token since it was opened: recovery checks they are back.
         var knownKeys: Set<String> = []
         /// The keys the application still uses (nil: all known ones).
@@ -335,15 +341,20 @@ public final class HSMToken: @unchecked Sendable {
 
     /// The cached handle and public key of `keyID`, looked up on first use.
     func cachedKey(_ keyID: String) throws(HSMError) -> CachedKey {
-        if let cached = state.withLock({ $0.keys[keyID] }) {
-            return cached
-        }
+        let (cached, epoch) = state.withLock { ($0.keys[keyID], $0.keysEpoch) }
+        if let cached { return cached }
+        return try lookUpAndCache(keyID, epoch: epoch)
+    }
+
+    /// Looks `keyID`'s objects up on a pooled session and caches them,
+    /// unless cached keys were dropped since `epoch` or the token is down.
+    private func lookUpAndCache(_ keyID: String, epoch: UInt64) throws(HSMError) -> CachedKey {
         let found = try withSession { (session) throws(HSMError) -> CachedKey in
             try lookUpKey(keyID, session: session)
         }
         state.withLock { state in
-            state.keys[keyID] = found
             state.knownKeys.insert(keyID)
+            if state.keysEpoch == epoch, case .up = state.status { state.keys[keyID] = found }
         }
         return found
     }
@@ -355,6 +366,7 @@ public final class HSMToken: @unchecked Sendable {
     public func forgetKey(_ keyID: String?) {
         state.withLock { state in
             if let keyID { state.keys[keyID] = nil } else { state.keys.removeAll() }
+            state.keysEpoch &+= 1
         }
     }
 
@@ -373,22 +385,23 @@ public final class HSMToken: @unchecked Sendable {
         try Self.publicKey(of: cachedKey(keyID), keyID: keyID)
     }
 
-    /// The public key of `keyID` as the token holds it now: its objects are
-    /// looked up again, so a key another process replaced (`signctl keys
-    /// import --replace`) shows its new public key at once, and the cache
-    /// takes the fresh objects. For `GET /v1/keys`, not for signing.
-    /// - Parameter keyID: the App Store key ID (the objects' `CKA_ID`).
+    /// The public key of `keyID` as the token holds it: the cached one if it
+    /// was read less than `maxAge` seconds ago, else its objects are looked
+    /// up again (and cached), so a key another process replaced (`signctl
+    /// keys import --replace`) shows its new public key within `maxAge`.
+    /// For `GET /v1/keys`, not for signing.
+    /// - Parameters:
+    ///   - keyID: the App Store key ID (the objects' `CKA_ID`).
+    ///   - maxAge: how old, in seconds, a cached key may be.
     /// - Throws: as ``publicKey(keyID:)``; ``HSMError/Code/tokenUnavailable``
     ///   while the token is down.
-    public func currentPublicKey(keyID: String) throws(HSMError) -> ECPublicKey {
-        let found = try withSession { (session) throws(HSMError) -> CachedKey in
-            try lookUpKey(keyID, session: session)
+    public func currentPublicKey(keyID: String, maxAge: Double) throws(HSMError) -> ECPublicKey {
+        try checkUp()
+        let (cached, epoch) = state.withLock { ($0.keys[keyID], $0.keysEpoch) }
+        if let cached, Double(MonotonicClock.nanoseconds(from: cached.readAt, to: MonotonicClock.now())) < maxAge * 1e9 {
+            return try Self.publicKey(of: cached, keyID: keyID)
         }
-        state.withLock { state in
-            state.keys[keyID] = found
-            state.knownKeys.insert(keyID)
-        }
-        return try Self.publicKey(of: found, keyID: keyID)
+        return try Self.publicKey(of: lookUpAndCache(keyID, epoch: epoch), keyID: keyID)
     }
 
     private static func publicKey(of key: CachedKey, keyID: String) throws(HSMError) -> ECPublicKey {
@@ -697,6 +710,7 @@ public final class HSMToken: @unchecked Sendable {
                 // Handles may not survive the outage, and what is shown of a
                 // key (GET /v1/keys, signerd_keys) should say it is unreachable.
                 state.keys.removeAll()
+                state.keysEpoch &+= 1
             }
             guard !state.recovering else { return false }
             state.recovering = true
@@ -759,6 +773,7 @@ public final class HSMToken: @unchecked Sendable {
         }
         let keyIDs: [String] = state.withLock { state in
             state.keys.removeAll()
+            state.keysEpoch &+= 1
             return state.knownKeys.filter { state.expectedKeys?.contains($0) ?? true }.sorted()
         }
         do {

@@ -432,10 +432,15 @@ public final class SignerService: HTTPHandler, Sendable {
         throw APIError(.missingField, "key_id is required: \(serving.count) keys serve bundle_id \(bundleID) (\(serving.map(\.keyID).joined(separator: ", "))) and none is default_key_id", field: "key_id")
     }
 
+    /// How old, in seconds, the public key `GET /v1/keys` shows may be: it
+    /// reads each key's objects on the token at most this often, so a
+    /// replaced key shows soon without every listing calling the HSM.
+    static let keyListingMaxAge = 5.0
+
     private func listKeys(_ config: SignerConfiguration) -> KeysResponse {
         KeysResponse(keys: config.keys.map { key in
             KeysResponse.Key(keyID: key.keyID, issuerID: key.issuerID ?? config.issuerID, bundleIDs: key.bundleIDs, curve: ECCurve.p256.rawValue,
-                             publicKeyPEM: (try? token.currentPublicKey(keyID: key.keyID))?.pem, tokenLabel: token.label)
+                             publicKeyPEM: (try? token.currentPublicKey(keyID: key.keyID, maxAge: Self.keyListingMaxAge))?.pem, tokenLabel: token.label)
         })
     }
 

@@ -97,7 +97,10 @@ struct ResponseShapeTests {
         let importer = try HSMToken(uri: PKCS11URI(daemon.tokenURI), options: plain)
         _ = try importer.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: daemon.keyID, replace: true)
         importer.close()
-        #expect(try listed() == newKey, "the new key's public key, with no signature or reload in between")
+        // Within keyListingMaxAge (5 s), with no signature or reload in between.
+        let replacedAt = MonotonicClock.now()
+        #expect(poll(seconds: 8) { (try? listed()) == newKey }, "the new key's public key")
+        #expect(MonotonicClock.nanoseconds(from: replacedAt, to: MonotonicClock.now()) < 6_000_000_000)
 
         let body = #"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#
         let signed = try client.send("POST", "/v1/sign/promotional-offer", body: Array(body.utf8)).decode(PromotionalOfferResponse.self)
