@@ -335,6 +335,31 @@ struct FaultToleranceTests {
         #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
     }
 
+    /// A review found a look-up that began before the cache was dropped (an
+    /// outage, a recovery, a forget) wrote its handles back afterwards:
+    /// handles from before a module reinitialization could then be used.
+    @Test("a key look-up that began before the key cache was dropped does not cache its objects")
+    func staleLookupNotCached() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        daemon.token.forgetKey(nil)
+        // The search reaches the module after 0.5 s; the cache is dropped meanwhile.
+        daemon.faults.inject(.findObjects, .ok, count: 1, delay: 0.5)
+        let done = DispatchSemaphore(value: 0)
+        let token = daemon.token, keyID = daemon.keyID
+        DispatchQueue.global().async {
+            _ = try? token.currentPublicKey(keyID: keyID, maxAge: 0)
+            done.signal()
+        }
+        usleep(200_000)
+        daemon.token.forgetKey(nil)
+        done.wait()
+        #expect(daemon.token.cachedPublicKey(keyID: daemon.keyID) == nil, "the look-up found the key, but from before the drop")
+        // A look-up that began after it caches as usual.
+        _ = try daemon.token.currentPublicKey(keyID: daemon.keyID, maxAge: 0)
+        #expect(daemon.token.cachedPublicKey(keyID: daemon.keyID) == daemon.publicKey)
+    }
+
     @Test("CKR_PIN_INCORRECT on login: exactly one C_Login however many requests arrive; readiness says why; a reload with the right PIN recovers")
     func wrongPIN() throws {
         let daemon = try InProcessDaemon()
