@@ -91,10 +91,10 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var httpThreads: Int?
     /// Most connections at once. Default 1024.
     public var maxConnections = 1024
-    /// Most connections one peer uid may hold at once, so that one client
-    /// cannot take every slot from the others. Default: ``maxConnections``
-    /// (api.md: "at most 1024 connections", from one client too); set it
-    /// lower when several backends share signerd.
+    /// Most connections one peer uid may hold at once. Default:
+    /// ``maxConnections`` (api.md: "at most 1024 connections", from one
+    /// client too), so one uid may hold them all; set it lower when several
+    /// backends share signerd, so that one cannot take every slot.
     public var maxConnectionsPerUID: Int?
     /// Settings that are valid but probably not meant, each as a log event
     /// name and a hint: a socket any local user may connect to

@@ -106,8 +106,9 @@ public struct HTTPServerOptions: Sendable {
     /// Most connections (and so connection threads) at once.
     public var connectionLimit = 1024
     /// Most connections one uid (from `SO_PEERCRED`) may hold at once; a
-    /// further one is answered 429 and closed on arrival, so one client
-    /// cannot take every slot from the others.
+    /// further one is answered 429 and closed on arrival. By default equal
+    /// to ``connectionLimit``: one uid may hold them all. Lower, it keeps
+    /// one client from taking every slot from the others.
     public var connectionsPerUIDLimit = 1024
     /// Most connections a uid that may not use the server at all
     /// (``HTTPHandler/mayConnect(_:)`` false) may hold at once; enough to be
@@ -252,7 +253,9 @@ public final class HTTPServer: @unchecked Sendable {
         settings.flags = UInt32(MHD_USE_INTERNAL_POLLING_THREAD.rawValue | MHD_USE_THREAD_PER_CONNECTION.rawValue
                                 | MHD_USE_POLL.rawValue | MHD_USE_ITC.rawValue | MHD_USE_ERROR_LOG.rawValue)
         settings.listen_fd = listenDescriptor
-        settings.connection_limit = UInt32(options.connectionLimit + options.reservedConnections)
+        // One more than the reserve: the slot only this process's own
+        // connection (its watchdog check) may take, whoever holds the rest.
+        settings.connection_limit = UInt32(options.connectionLimit + options.reservedConnections + 1)
         settings.connection_timeout_s = UInt32(options.idleTimeoutSeconds)
         settings.connection_memory_limit = max(16 * 1024, 2 * options.maxHeaderBytes)
         let context = Unmanaged.passUnretained(self).toOpaque()
@@ -501,7 +504,8 @@ public final class HTTPServer: @unchecked Sendable {
         var (held, open) = connections.withLock { all in (all.values.reduce(0) { $0 + ($1.uid == connection.uid ? 1 : 0) }, all.count) }
         let limit = handler.mayConnect(connection.peer) ? options.connectionsPerUIDLimit : options.forbiddenConnectionsPerUID
         let privileged = connection.uid == 0 || connection.uid == getuid()
-        if held > limit || (!privileged && open > options.connectionLimit) {
+        let ceiling = privileged ? options.connectionLimit + options.reservedConnections : options.connectionLimit
+        if held > limit || open > ceiling {
             // Over a limit: count again without connections whose client has
             // closed its socket. libmicrohttpd reports those closed a few
             // milliseconds later, and a client that reconnects at once would
@@ -514,8 +518,10 @@ public final class HTTPServer: @unchecked Sendable {
         let message: String
         if held > limit {
             message = "uid \(connection.uid) already holds \(limit) connections, the most one uid may hold (max_connections_per_uid); reuse keep-alive connections or close idle ones"
-        } else if !privileged && open > options.connectionLimit {
-            message = "signerd already holds max_connections (\(options.connectionLimit)) connections; the rest are kept for root and signerd's own uid"
+        } else if open > ceiling {
+            message = privileged
+                ? "signerd already holds max_connections (\(options.connectionLimit)) connections and the \(options.reservedConnections) kept for root and signerd's own uid"
+                : "signerd already holds max_connections (\(options.connectionLimit)) connections; the rest are kept for root and signerd's own uid"
         } else {
             return
         }

@@ -130,6 +130,48 @@ struct ConnectionLimitTests {
         }
     }
 
+    /// A review found that one backend holding max_connections plus root
+    /// holding the reserve filled libmicrohttpd's limit, so the daemon's own
+    /// watchdog check was closed before signerd could admit it (and systemd
+    /// would kill a healthy daemon), and root's next connection was closed
+    /// without an answer.
+    @Test("with max_connections and the reserve held by another process, root's next connection gets 429 and this process still gets its one")
+    func ownProcessSlotBeyondReserve() throws {
+        guard getuid() == 0 else {
+            print("SKIP ownProcessSlotBeyondReserve: needs root (the reserve is for root and the server's own uid)")
+            return
+        }
+        try withServer(allowed: true, { $0.connectionLimit = 2; $0.connectionsPerUIDLimit = 100; $0.reservedConnections = 3 }) { path in
+            let holder = Process()
+            holder.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            holder.arguments = ["-c", "import socket,sys,time\nss=[socket.socket(socket.AF_UNIX) for _ in range(5)]\nfor s in ss: s.connect(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(30)", path]
+            let output = Pipe()
+            holder.standardOutput = output
+            try holder.run()
+            defer {
+                kill(holder.processIdentifier, SIGKILL)
+                holder.waitUntilExit()
+            }
+            #expect(String(decoding: output.fileHandleForReading.availableData, as: UTF8.self).contains("held"))
+            // Another root process: over max_connections and the reserve, answered 429.
+            let probe = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.settimeout(3)\nprint(s.recv(200).decode(errors='replace').split('\\r\\n')[0])"
+            let other = Process()
+            other.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            other.arguments = ["-c", probe, path]
+            let answer = Pipe()
+            other.standardOutput = answer
+            other.standardError = answer
+            try other.run()
+            let line = String(decoding: answer.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            other.waitUntilExit()
+            #expect(line.hasPrefix("HTTP/1.1 429"), "\(line)")
+            // This process (the daemon's own watchdog check in signerd): served.
+            let client = SignerClient(socketPath: path, timeout: 2)
+            defer { client.close() }
+            #expect(try client.send("GET", "/anything").status == 200)
+        }
+    }
+
     @Test("root keeps the reserved connections beyond max_connections")
     func reserveForRoot() throws {
         guard getuid() == 0 else {
