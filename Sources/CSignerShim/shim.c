@@ -37,8 +37,12 @@ int CSignerShim_peer_credentials(int fd, uid_t *uid, gid_t *gid, pid_t *pid) {
 int CSignerShim_peer_groups(int fd, gid_t *groups, int capacity) {
     socklen_t len = (socklen_t)((size_t)capacity * sizeof(gid_t));
     if (getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups, &len) != 0) {
-        // Too small a buffer: the kernel says how much it needs.
-        return errno == ERANGE ? (int)(len / sizeof(gid_t)) : -1;
+        // Too small a buffer: the kernel says how much it needs (a length
+        // it did not raise would be read as `capacity` groups of gid 0).
+        if (errno == ERANGE && len > (socklen_t)((size_t)capacity * sizeof(gid_t))) {
+            return (int)(len / sizeof(gid_t));
+        }
+        return -1;
     }
     return (int)(len / sizeof(gid_t));
 }
