@@ -158,6 +158,9 @@ final class ConnectionState: Sendable {
     let dropped = Atomic<Bool>(false)
     /// The request in a handler that may block, if any.
     let blockingCall = Locked<BlockingCall?>(nil)
+    /// Requests read in full and not yet reported complete by
+    /// libmicrohttpd (in the handler, or being answered): 0 or 1.
+    let requestsInProgress = Atomic<Int>(0)
     /// Taken from the listen backlog at shutdown and no request line seen
     /// yet: the drain waits for it (a while).
     let awaitingFirstRequest: Atomic<Bool>
@@ -496,7 +499,7 @@ public final class HTTPServer: @unchecked Sendable {
             // A check whose client has hung up (libmicrohttpd reports the
             // close a little later) does not count against the next one.
             let own = connections.withLock { all in
-                all.values.filter { $0.peer?.isThisProcess == true && ($0 === connection || !Self.peerHungUp($0.descriptor)) }.count
+                all.values.filter { $0.peer?.isThisProcess == true && ($0 === connection || !Self.isGone($0)) }.count
             }
             if own <= 1 { return }
         }
@@ -511,7 +514,7 @@ public final class HTTPServer: @unchecked Sendable {
             // milliseconds later, and a client that reconnects at once would
             // otherwise be refused for connections it no longer has.
             (held, open) = connections.withLock { all in
-                let live = all.values.filter { $0 === connection || !Self.peerHungUp($0.descriptor) }
+                let live = all.values.filter { $0 === connection || !Self.isGone($0) }
                 return (live.reduce(0) { $0 + ($1.uid == connection.uid ? 1 : 0) }, live.count)
             }
         }
@@ -534,6 +537,15 @@ public final class HTTPServer: @unchecked Sendable {
         var error = APIError(.rateLimited, message)
         error.retryAfter = 1
         answerAndClose(connection, with: HTTPResponse(error: error))
+    }
+
+    /// Whether `connection` no longer holds its slot: its client has closed
+    /// its socket and no request of it is arriving or in the handler. One
+    /// whose client left while it is signing (or hung in the module) still
+    /// holds a libmicrohttpd slot and a thread, so it still counts.
+    private static func isGone(_ connection: ConnectionState) -> Bool {
+        peerHungUp(connection.descriptor) && connection.requestStarted.load(ordering: .acquiring) == 0
+            && connection.requestsInProgress.load(ordering: .acquiring) == 0
     }
 
     /// Whether the client at the other end of `descriptor` has closed its
@@ -613,6 +625,7 @@ public final class HTTPServer: @unchecked Sendable {
         state.connection?.requestStarted.store(0, ordering: .releasing)
         if state.processing {
             HTTPServer.server(context).processing.subtract(1, ordering: .acquiringAndReleasing)
+            state.connection?.requestsInProgress.subtract(1, ordering: .acquiringAndReleasing)
         }
     }
 
@@ -819,6 +832,7 @@ public final class HTTPServer: @unchecked Sendable {
         }
         state.processing = true
         server.processing.add(1, ordering: .acquiringAndReleasing)
+        state.connection?.requestsInProgress.add(1, ordering: .acquiringAndReleasing)
         // The request is in: its arrival deadline no longer applies (signing
         // has its own timeout). Cleared after `processing` counts it, so that
         // a drain never sees it in neither.

@@ -12,12 +12,15 @@ import Glibc
 /// handler that answers everything with 200 (no token needed).
 @Suite("Connection shares")
 struct ConnectionLimitTests {
-    /// Answers 200 `{}`; `allowed` decides ``mayConnect(_:)``.
+    /// Answers 200 `{}` (`/slow` after 3 s); `allowed` decides ``mayConnect(_:)``.
     final class StubHandler: HTTPHandler {
         let allowed: Bool
         init(allowed: Bool) { self.allowed = allowed }
         func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? { nil }
-        func handle(_ request: HTTPRequest) -> HTTPResponse { HTTPResponse(status: 200, body: Array("{}".utf8)) }
+        func handle(_ request: HTTPRequest) -> HTTPResponse {
+            if request.path == "/slow" { usleep(3_000_000) }
+            return HTTPResponse(status: 200, body: Array("{}".utf8))
+        }
         func payloadTooLarge(path: String, limit: Int) -> HTTPResponse { HTTPResponse(status: 413, body: []) }
         func mayBlock(path: String) -> Bool { false }
         func timedOut(path: String) -> HTTPResponse { HTTPResponse(status: 503, body: []) }
@@ -169,6 +172,28 @@ struct ConnectionLimitTests {
             let client = SignerClient(socketPath: path, timeout: 2)
             defer { client.close() }
             #expect(try client.send("GET", "/anything").status == 200)
+        }
+    }
+
+    /// A review found that a connection whose client hung up was left out of
+    /// the count even while its request was still in the handler (signing,
+    /// or hung in the module), though it still held a libmicrohttpd slot: a
+    /// client that sends and closes again and again filled every slot, the
+    /// daemon's own watchdog check included.
+    @Test("connections whose clients left while their requests are still in the handler keep counting; this process still gets its one")
+    func abandonedRequestsCount() throws {
+        try withServer(allowed: true, { $0.connectionLimit = 2; $0.connectionsPerUIDLimit = 100; $0.reservedConnections = 1 }) { path in
+            let script = "import socket,sys,time\nfor _ in range(6):\n    s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b'GET /slow HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'); time.sleep(0.15); s.close()"
+            let leaver = Process()
+            leaver.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+            leaver.arguments = ["-c", script, path]
+            try leaver.run()
+            leaver.waitUntilExit()
+            #expect(leaver.terminationStatus == 0)
+            // Every /slow request is still in the handler for about 3 s: this process's own check gets in now.
+            let client = SignerClient(socketPath: path, timeout: 1.5)
+            defer { client.close() }
+            #expect((try? client.send("GET", "/anything"))?.status == 200)
         }
     }
 
