@@ -541,17 +541,21 @@ public final class SignerService: HTTPHandler, Sendable {
             throw APIError(error)
         }
         let digest = SHA256.hash(payload.payload)
+        let started = MonotonicClock.now()
         var signature = try sign(digest: digest, keyID: keyID, config)
+        let took = MonotonicClock.now() - started
         // When r or s is below 2²⁴⁷ and the other below 2²⁵⁵ (about one
         // signature in 512) the DER is shorter than the 70–72 bytes (96
         // Base64 characters) Apple's format documents. It is a valid
         // signature, but clients that check the documented length refuse
         // it: sign again, with the token's fresh random k, over the same
-        // payload. The short one is kept if signing again fails (a deadline
-        // passed, the token went down) or gives the same signature (an HSM
-        // with deterministic k, RFC 6979, would give it every time).
+        // payload. The short one is kept if signing again fails (the token
+        // went down), gives the same signature (an HSM with deterministic k,
+        // RFC 6979, would give it every time), or might not finish before
+        // the request's deadline (twice what the first signature took).
         var attempts = 1
         while signature.der.count < Self.classicDERMinimumBytes && attempts < Self.classicSignAttempts {
+            if let deadline = RequestDeadline.current, MonotonicClock.now() + 2 * took > deadline { break }
             attempts += 1
             guard let again = try? sign(digest: digest, keyID: keyID, config), again.raw != signature.raw else { break }
             signature = again
