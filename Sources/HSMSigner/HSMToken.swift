@@ -771,10 +771,10 @@ public final class HSMToken: @unchecked Sendable {
         } else {
             pool.reset(moduleReinitialized: false)
         }
-        let keyIDs: [String] = state.withLock { state in
+        let (keyIDs, epoch): ([String], UInt64) = state.withLock { state in
             state.keys.removeAll()
             state.keysEpoch &+= 1
-            return state.knownKeys.filter { state.expectedKeys?.contains($0) ?? true }.sorted()
+            return (state.knownKeys.filter { state.expectedKeys?.contains($0) ?? true }.sorted(), state.keysEpoch)
         }
         do {
             let (slot, info) = try HSMToken.findSlot(functions, uri: uri)
@@ -828,7 +828,11 @@ public final class HSMToken: @unchecked Sendable {
                     return .failure(HSMError(.verificationFailed, "the recovery test signature did not verify"))
                 }
             }
-            state.withLock { $0.keys.merge(keys) { _, new in new } }
+            // Unless the cache was dropped meanwhile (a reload's forget): then
+            // these handles are older than the drop and are not kept.
+            state.withLock { state in
+                if state.keysEpoch == epoch { state.keys.merge(keys) { _, new in new } }
+            }
             return .success(())
         } catch {
             return .failure(error)

@@ -360,6 +360,23 @@ struct FaultToleranceTests {
         #expect(daemon.token.cachedPublicKey(keyID: daemon.keyID) == daemon.publicKey)
     }
 
+    /// The same for recovery: it looked the keys up again and merged them
+    /// into the cache even when a reload had dropped the cache meanwhile.
+    @Test("recovery does not cache keys it looked up before the cache was dropped again")
+    func recoveryLookupNotCachedAfterDrop() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        _ = try daemon.token.currentPublicKey(keyID: daemon.keyID, maxAge: 0)
+        daemon.faults.inject(.findObjects, .ok, count: 1, delay: 0.8)
+        daemon.token.markDown(reason: PKCS11ReturnValue.sessionHandleInvalid.name, reinitialize: false)
+        // Recovery starts after its first back-off (0.1–0.2 s) and then waits 0.8 s in C_FindObjects.
+        #expect(poll(seconds: 3) { daemon.faults.calls(.findObjects) > 0 || daemon.logged("token_up") > 0 })
+        usleep(200_000)
+        daemon.token.forgetKey(nil)
+        #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 })
+        #expect(daemon.token.cachedPublicKey(keyID: daemon.keyID) == nil, "looked up before the drop")
+    }
+
     @Test("CKR_PIN_INCORRECT on login: exactly one C_Login however many requests arrive; readiness says why; a reload with the right PIN recovers")
     func wrongPIN() throws {
         let daemon = try InProcessDaemon()
