@@ -116,6 +116,13 @@ public final class HSMToken: @unchecked Sendable {
         /// (device and module failures) or may first try new sessions.
         var needsReinitialize = false
         var closed = false
+
+        /// Drops the cached objects of `keyID` (nil: of every key) and bumps
+        /// ``keysEpoch``, so that look-ups begun before cache nothing.
+        mutating func dropKeys(_ keyID: String? = nil) {
+            if let keyID { keys[keyID] = nil } else { keys.removeAll() }
+            keysEpoch &+= 1
+        }
     }
 
     /// The token's label (`CK_TOKEN_INFO.label`).
@@ -365,8 +372,7 @@ public final class HSMToken: @unchecked Sendable {
     /// - Parameter keyID: the key, or nil for all.
     public func forgetKey(_ keyID: String?) {
         state.withLock { state in
-            if let keyID { state.keys[keyID] = nil } else { state.keys.removeAll() }
-            state.keysEpoch &+= 1
+            state.dropKeys(keyID)
         }
     }
 
@@ -709,8 +715,7 @@ public final class HSMToken: @unchecked Sendable {
                 state.downReturnValue = named ?? cause
                 // Handles may not survive the outage, and what is shown of a
                 // key (GET /v1/keys, signerd_keys) should say it is unreachable.
-                state.keys.removeAll()
-                state.keysEpoch &+= 1
+                state.dropKeys()
             }
             guard !state.recovering else { return false }
             state.recovering = true
@@ -772,8 +777,7 @@ public final class HSMToken: @unchecked Sendable {
             pool.reset(moduleReinitialized: false)
         }
         let (keyIDs, epoch): ([String], UInt64) = state.withLock { state in
-            state.keys.removeAll()
-            state.keysEpoch &+= 1
+            state.dropKeys()
             return (state.knownKeys.filter { state.expectedKeys?.contains($0) ?? true }.sorted(), state.keysEpoch)
         }
         do {

@@ -50,6 +50,37 @@ struct ConnectionLimitTests {
         return String(decoding: received, as: UTF8.self)
     }
 
+    /// Another process (python3, this uid) that holds `count` connections to
+    /// `path` until it is killed; returned once they are connected.
+    func holdConnections(_ count: Int, to path: String) throws -> Process {
+        let holder = Process()
+        holder.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        holder.arguments = ["python3", "-c", """
+            import socket, sys, time
+            held = [socket.socket(socket.AF_UNIX) for _ in range(int(sys.argv[2]))]
+            for s in held: s.connect(sys.argv[1])
+            print("held", flush=True)
+            time.sleep(60)
+            """, path, String(count)]
+        let output = Pipe()
+        holder.standardOutput = output
+        try holder.run()
+        let ready = String(decoding: output.fileHandleForReading.availableData, as: UTF8.self)
+        guard ready.contains("held") else {
+            release(holder)
+            throw FixtureError("the holder process did not connect: \(ready)")
+        }
+        return holder
+    }
+
+    /// Ends a ``holdConnections(_:to:)`` process. SIGKILL: a child inherits
+    /// the signal mask, and the test process may hold SIGTERM blocked for its
+    /// in-process daemons.
+    func release(_ holder: Process) {
+        kill(holder.processIdentifier, SIGKILL)
+        holder.waitUntilExit()
+    }
+
     @Test("a uid that may not connect holds at most forbiddenConnectionsPerUID connections; the next is answered 429 and closed")
     func forbiddenShare() throws {
         try withServer(allowed: false, { $0.forbiddenConnectionsPerUID = 2 }) { path in
@@ -66,26 +97,8 @@ struct ConnectionLimitTests {
     func ownProcessConnection() throws {
         try withServer(allowed: true, { $0.connectionsPerUIDLimit = 2 }) { path in
             // Another process of the same uid takes the uid's whole share.
-            let holder = Process()
-            holder.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-            holder.arguments = ["python3", "-c", """
-                import socket, sys, time
-                held = [socket.socket(socket.AF_UNIX) for _ in range(2)]
-                for s in held: s.connect(sys.argv[1])
-                print("held", flush=True)
-                time.sleep(60)
-                """, path]
-            let output = Pipe()
-            holder.standardOutput = output
-            try holder.run()
-            defer {
-                // SIGKILL: a child inherits the signal mask, and the test
-                // process may hold SIGTERM blocked for its in-process daemons.
-                kill(holder.processIdentifier, SIGKILL)
-                holder.waitUntilExit()
-            }
-            let ready = String(decoding: output.fileHandleForReading.availableData, as: UTF8.self)
-            try #require(ready.contains("held"), "the holder process connected: \(ready)")
+            let holder = try holdConnections(2, to: path)
+            defer { release(holder) }
             // A check whose client has hung up does not count against the
             // next one, even before libmicrohttpd reports the close.
             let earlier = SignerClient(socketPath: path, timeout: 2)
@@ -145,28 +158,11 @@ struct ConnectionLimitTests {
             return
         }
         try withServer(allowed: true, { $0.connectionLimit = 2; $0.connectionsPerUIDLimit = 100; $0.reservedConnections = 3 }) { path in
-            let holder = Process()
-            holder.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-            holder.arguments = ["-c", "import socket,sys,time\nss=[socket.socket(socket.AF_UNIX) for _ in range(5)]\nfor s in ss: s.connect(sys.argv[1])\nprint('held', flush=True)\ntime.sleep(30)", path]
-            let output = Pipe()
-            holder.standardOutput = output
-            try holder.run()
-            defer {
-                kill(holder.processIdentifier, SIGKILL)
-                holder.waitUntilExit()
-            }
-            #expect(String(decoding: output.fileHandleForReading.availableData, as: UTF8.self).contains("held"))
+            let holder = try holdConnections(5, to: path)
+            defer { release(holder) }
             // Another root process: over max_connections and the reserve, answered 429.
             let probe = "import socket,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\ns.settimeout(3)\nprint(s.recv(200).decode(errors='replace').split('\\r\\n')[0])"
-            let other = Process()
-            other.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-            other.arguments = ["-c", probe, path]
-            let answer = Pipe()
-            other.standardOutput = answer
-            other.standardError = answer
-            try other.run()
-            let line = String(decoding: answer.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-            other.waitUntilExit()
+            let line = String(decoding: try run(["python3", "-c", probe, path]), as: UTF8.self)
             #expect(line.hasPrefix("HTTP/1.1 429"), "\(line)")
             // This process (the daemon's own watchdog check in signerd): served.
             let client = SignerClient(socketPath: path, timeout: 2)
@@ -184,12 +180,7 @@ struct ConnectionLimitTests {
     func abandonedRequestsCount() throws {
         try withServer(allowed: true, { $0.connectionLimit = 2; $0.connectionsPerUIDLimit = 100; $0.reservedConnections = 1 }) { path in
             let script = "import socket,sys,time\nfor _ in range(6):\n    s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); s.sendall(b'GET /slow HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n'); time.sleep(0.15); s.close()"
-            let leaver = Process()
-            leaver.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-            leaver.arguments = ["-c", script, path]
-            try leaver.run()
-            leaver.waitUntilExit()
-            #expect(leaver.terminationStatus == 0)
+            _ = try run(["python3", "-c", script, path])
             // Every /slow request is still in the handler for about 3 s: this process's own check gets in now.
             let client = SignerClient(socketPath: path, timeout: 1.5)
             defer { client.close() }

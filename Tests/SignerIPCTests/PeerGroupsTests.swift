@@ -37,8 +37,8 @@ struct PeerGroupsTests {
         let script = "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
             + "s.sendall(b'GET /v1/keys HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); print(s.recv(64).split(b' ')[1].decode())"
         let groupOption = groups.isEmpty ? "--clear-groups" : "--groups=" + groups.map(String.init).joined(separator: ",")
-        let result = runProgramCapturing("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", groupOption, "--", "/usr/bin/python3", "-c", script, socket])
-        return result.trimmingCharacters(in: .whitespacesAndNewlines)
+        let result = try run(["setpriv", "--reuid=65534", "--regid=65534", groupOption, "--", "/usr/bin/python3", "-c", script, socket])
+        return String(decoding: result, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
     @Test("a caller whose process has a group in allowed_gids is served, the same uid without it gets 403",
@@ -51,19 +51,5 @@ struct PeerGroupsTests {
         #expect(try statusAsNobody(socket: daemon.socketPath, groups: [4243, group]) == "200")
         #expect(try statusAsNobody(socket: daemon.socketPath, groups: []) == "403")
         #expect(try statusAsNobody(socket: daemon.socketPath, groups: [4243]) == "403")
-    }
-
-    /// Runs a program and returns its stdout.
-    func runProgramCapturing(_ executable: String, _ arguments: [String]) -> String {
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: executable)
-        process.arguments = arguments
-        let output = Pipe()
-        process.standardOutput = output
-        process.standardError = output
-        do { try process.run() } catch { return "\(error)" }
-        let data = output.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        return String(decoding: data, as: UTF8.self)
     }
 }
