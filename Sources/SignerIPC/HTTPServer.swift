@@ -120,7 +120,11 @@ public struct HTTPServerOptions: Sendable {
     public var reservedConnections = 8
     /// Idle keep-alive connections are closed after this many seconds.
     public var idleTimeoutSeconds = 60
-    /// A request still arriving after this many seconds (from its request line) is dropped.
+    /// A request still arriving after this many seconds (from its request
+    /// line) is dropped, and so is a connection whose request line is still
+    /// incomplete ``idleTimeoutSeconds`` plus this many seconds after it
+    /// connected or its last request ended (libmicrohttpd reports nothing
+    /// earlier than a whole request line).
     public var requestTimeoutSeconds = 10.0
     /// Largest body in bytes (413 above).
     public var maxBodyBytes = 64 * 1024
@@ -155,6 +159,10 @@ final class ConnectionState: Sendable {
     let descriptor: Int32
     /// `MonotonicClock` nanoseconds of the current request's request line; 0 between requests.
     let requestStarted = Atomic<UInt64>(0)
+    /// `MonotonicClock` nanoseconds since which the connection has waited
+    /// for a request line: its accept, or the end of its last request;
+    /// 0 from a request line to that request's end.
+    let waitingSince = Atomic<UInt64>(MonotonicClock.now())
     let dropped = Atomic<Bool>(false)
     /// The request in a handler that may block, if any.
     let blockingCall = Locked<BlockingCall?>(nil)
@@ -431,6 +439,7 @@ public final class HTTPServer: @unchecked Sendable {
         let tick = UInt64(min(100_000, max(10_000, options.signTimeoutSeconds * 1e6 / 10))) * 1_000
         let reapInterval: UInt64 = 250_000_000
         let slowLimit = UInt64(options.requestTimeoutSeconds * 1e9)
+        let lineLimit = UInt64(options.idleTimeoutSeconds) * 1_000_000_000 + slowLimit
         var lastReap = MonotonicClock.now()
         while supervising.load(ordering: .acquiring) {
             usleep(useconds_t(tick / 1_000))
@@ -439,7 +448,7 @@ public final class HTTPServer: @unchecked Sendable {
             if reap { lastReap = now }
             connections.withLock { connections in
                 for connection in connections.values {
-                    if reap { dropIfSlow(connection, now: now, limit: slowLimit) }
+                    if reap { dropIfSlow(connection, now: now, limit: slowLimit, lineLimit: lineLimit) }
                     answerIfHung(connection, now: now)
                 }
             }
@@ -448,10 +457,23 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     /// Shuts down a connection whose request is still arriving `limit`
-    /// nanoseconds after its request line.
-    private func dropIfSlow(_ connection: ConnectionState, now: UInt64, limit: UInt64) {
+    /// nanoseconds after its request line, or whose request line is still
+    /// incomplete `lineLimit` nanoseconds after the connection began to
+    /// wait for it.
+    ///
+    /// libmicrohttpd reports nothing before a whole request line, and its
+    /// idle timeout starts again with every byte, so a request line sent a
+    /// byte at a time is bounded only here: an idle connection is closed by
+    /// libmicrohttpd after the idle timeout, so one still open without a
+    /// request line after the idle timeout plus the request timeout has been
+    /// trickling it.
+    private func dropIfSlow(_ connection: ConnectionState, now: UInt64, limit: UInt64, lineLimit: UInt64) {
+        guard !connection.dropped.load(ordering: .relaxed) else { return }
         let started = connection.requestStarted.load(ordering: .acquiring)
-        guard started != 0, now > started + limit, !connection.dropped.load(ordering: .relaxed) else { return }
+        let waiting = connection.waitingSince.load(ordering: .acquiring)
+        let slowRequest = started != 0 && now > started + limit
+        let slowLine = waiting != 0 && now > waiting + lineLimit
+        guard slowRequest || slowLine else { return }
         connection.dropped.store(true, ordering: .relaxed)
         // Our own duplicate descriptor: shutting it down ends the socket for
         // libmicrohttpd too, and its number cannot have been reused since we
@@ -461,7 +483,9 @@ public final class HTTPServer: @unchecked Sendable {
         slowWarnings.admit { suppressed in
             logger.warning("slow_request_dropped", [
                 "peer.uid": .int(Int64(connection.peer?.uid ?? 0)), "peer.pid": .int(Int64(connection.peer?.pid ?? 0)),
-                "limit.seconds": .double(options.requestTimeoutSeconds), "suppressed_before": .int(Int64(suppressed)),
+                "phase": .string(slowRequest ? "request" : "request_line"),
+                "limit.seconds": .double(slowRequest ? options.requestTimeoutSeconds : Double(options.idleTimeoutSeconds) + options.requestTimeoutSeconds),
+                "suppressed_before": .int(Int64(suppressed)),
             ])
         }
     }
@@ -607,6 +631,7 @@ public final class HTTPServer: @unchecked Sendable {
     private static let requestLineReceived: @convention(c) (UnsafeMutableRawPointer?, UnsafePointer<CChar>?, OpaquePointer?) -> UnsafeMutableRawPointer? = { context, uri, connection in
         let connectionState = connection.flatMap { CSignerShim_mhd_socket_context($0) }.map { Unmanaged<ConnectionState>.fromOpaque($0).takeUnretainedValue() }
         connectionState?.requestStarted.store(MonotonicClock.now(), ordering: .releasing)
+        connectionState?.waitingSince.store(0, ordering: .releasing)
         connectionState?.awaitingFirstRequest.store(false, ordering: .releasing)
         // The path up to any query string, cut on the bytes: String.firstIndex(of:)
         // walks grapheme clusters and cost 10,000 instructions per request.
@@ -623,6 +648,7 @@ public final class HTTPServer: @unchecked Sendable {
         let state = Unmanaged<RequestState>.fromOpaque(raw).takeRetainedValue()
         requestContext?.pointee = nil
         state.connection?.requestStarted.store(0, ordering: .releasing)
+        state.connection?.waitingSince.store(MonotonicClock.now(), ordering: .releasing)
         if state.processing {
             HTTPServer.server(context).processing.subtract(1, ordering: .acquiringAndReleasing)
             state.connection?.requestsInProgress.subtract(1, ordering: .acquiringAndReleasing)

@@ -67,6 +67,8 @@ public final class InProcessDaemon: @unchecked Sendable {
         let listener = try UnixListener.bind(path: socketPath, mode: socketMode, group: nil)
         var serverOptions = HTTPServerOptions()
         serverOptions.signTimeoutSeconds = Double(signTimeoutMs) / 1000
+        serverOptions.idleTimeoutSeconds = config.idleTimeoutSeconds
+        serverOptions.requestTimeoutSeconds = Double(config.requestTimeoutSeconds)
         server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: service.metrics)
         try server.start()
     }
