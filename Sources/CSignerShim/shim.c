@@ -2,6 +2,8 @@
 #include "CSignerShim.h"
 
 #include <errno.h>
+#include <signal.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -53,6 +55,63 @@ int CSignerShim_disable_core_dumps(void) {
         return -1;
     }
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+static const int held_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
+#define HELD_SIGNAL_COUNT (sizeof(held_signals) / sizeof(held_signals[0]))
+static struct sigaction saved_actions[HELD_SIGNAL_COUNT];
+static volatile sig_atomic_t held_signal = 0;
+
+// Async-signal-safe: only write(2), sigaction(2) and raise(3).
+static void hold_signal(int number) {
+    if (held_signal == 0) {
+        held_signal = number;
+        static const char note[] = "writing to the token: stopping once the write is done (signal again to stop at once, which can leave a SoftHSM token unusable)\n";
+        ssize_t ignored = write(STDERR_FILENO, note, sizeof(note) - 1);
+        (void)ignored;
+        return;
+    }
+    struct sigaction fallback;
+    memset(&fallback, 0, sizeof(fallback));
+    fallback.sa_handler = SIG_DFL;
+    sigemptyset(&fallback.sa_mask);
+    sigaction(number, &fallback, NULL);
+    raise(number);
+}
+
+int CSignerShim_hold_termination_signals(void) {
+    held_signal = 0;
+    struct sigaction holder;
+    memset(&holder, 0, sizeof(holder));
+    holder.sa_handler = hold_signal;
+    holder.sa_flags = SA_RESTART;
+    sigemptyset(&holder.sa_mask);
+    for (size_t index = 0; index < HELD_SIGNAL_COUNT; index++) {
+        sigaddset(&holder.sa_mask, held_signals[index]);
+    }
+    for (size_t index = 0; index < HELD_SIGNAL_COUNT; index++) {
+        if (sigaction(held_signals[index], &holder, &saved_actions[index]) != 0) {
+            int saved = errno;
+            while (index-- > 0) {
+                sigaction(held_signals[index], &saved_actions[index], NULL);
+            }
+            errno = saved;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int CSignerShim_release_termination_signals(void) {
+    for (size_t index = 0; index < HELD_SIGNAL_COUNT; index++) {
+        sigaction(held_signals[index], &saved_actions[index], NULL);
+    }
+    int number = held_signal;
+    held_signal = 0;
+    if (number != 0) {
+        raise(number);
+    }
+    return number;
 }
 
 int CSignerShim_is_dumpable(void) {

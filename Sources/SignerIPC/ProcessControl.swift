@@ -35,6 +35,26 @@ public enum ProcessControl {
         return Int(limit.rlim_cur)
     }
 
+    /// Runs `body` with SIGINT, SIGTERM, SIGHUP and SIGQUIT held, for a
+    /// write to the token that must not stop half-way: SoftHSM rewrites its
+    /// token file in place (`C_CreateObject`, `C_DestroyObject`, `C_SetPIN`,
+    /// `C_InitToken`), and a process ended in the middle leaves it empty
+    /// and the token unusable.
+    ///
+    /// The first of those signals to arrive is remembered, with a note on
+    /// stderr, and raised again once `body` returns or throws, so its
+    /// default action then ends the process; a second one ends the process
+    /// at once (an operator's way out of a call that hangs). A signal that
+    /// was ignored before stays ignored. SIGKILL cannot be held.
+    /// - Parameter body: the token write; it runs on the calling thread.
+    /// - Returns: what `body` returns.
+    /// - Throws: what `body` throws.
+    public static func holdingTerminationSignals<Result>(_ body: () throws -> Result) rethrows -> Result {
+        let held = CSignerShim_hold_termination_signals() == 0
+        defer { if held { CSignerShim_release_termination_signals() } }
+        return try body()
+    }
+
     /// Blocks `signals` in the calling thread and every thread it starts
     /// afterwards, so that only ``waitForSignal(_:)`` receives them. Ignores
     /// `SIGPIPE`, and `SIGUSR1` and `SIGUSR2`, which signerd has no use for

@@ -41,15 +41,18 @@ func openToken(configPath: String) throws -> HSMToken {
     return try openToken(config, configPath: configPath, options: options)
 }
 
-/// Opens the token `config.tokenURI` names; a PIN file signctl cannot read
-/// fails with a hint that names the configuration it came from.
+/// Opens the token `config.tokenURI` names, with termination signals held
+/// while it logs in (SoftHSM rewrites its token file at `C_Login`); a PIN
+/// file signctl cannot read fails with a hint that names the configuration
+/// it came from.
 /// - Throws: ``CommandFailure`` (exit 78) for `pin_source_unreadable`, else
 ///   the ``HSMError`` of ``HSMToken/init(uri:options:)``.
 func openToken(_ config: SignerConfiguration, configPath: String, options: TokenOptions) throws -> HSMToken {
     let uri = try PKCS11URI(config.tokenURI)
     do {
-        return try HSMToken(uri: uri, options: options)
-    } catch where error.code == .pinSourceUnreadable {
+        // SoftHSM rewrites its token file at C_Login as well.
+        return try ProcessControl.holdingTerminationSignals { try HSMToken(uri: uri, options: options) }
+    } catch let error as HSMError where error.code == .pinSourceUnreadable {
         throw CommandFailure(exitCode(for: error), error.description, hint: pinSourceHint(uri.pinSource, configPath: configPath))
     }
 }
@@ -77,10 +80,11 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     _ = try arguments.positionals(0, "")
     let label = try arguments.required("label")
     let module = arguments.options["module"] ?? "/usr/lib/softhsm/libsofthsm2.so"
-    let outcome = try TokenAdministration.initializeToken(
-        modulePath: module, label: label,
-        soPIN: TokenAdministration.readPINFile(try arguments.required("so-pin-file")),
-        userPIN: TokenAdministration.readPINFile(try arguments.required("pin-file")))
+    let soPIN = try TokenAdministration.readPINFile(try arguments.required("so-pin-file"))
+    let userPIN = try TokenAdministration.readPINFile(try arguments.required("pin-file"))
+    let outcome = try ProcessControl.holdingTerminationSignals {
+        try TokenAdministration.initializeToken(modulePath: module, label: label, soPIN: soPIN, userPIN: userPIN)
+    }
     switch outcome {
     case .initialized(let serial): print("initialized token \(label) (serial \(serial))")
     case .alreadyInitialized(let serial): print("token \(label) already initialized (serial \(serial)); left unchanged")
@@ -112,7 +116,7 @@ func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
     let newPIN = try TokenAdministration.readPINFile(try arguments.required("new-pin-file"))
     let token = try openToken(configPath: configPath)
     defer { token.close() }
-    try token.changeUserPIN(to: newPIN)
+    try ProcessControl.holdingTerminationSignals { try token.changeUserPIN(to: newPIN) }
     print("changed the user PIN of token \(token.label)")
     print("next: write the new PIN into every PIN file (signerd's and signctl's), then systemctl restart signerd "
         + "(LoadCredential=, the shipped unit: a reload would read systemd's old copy), or systemctl reload signerd when its pin-source names the file itself")
@@ -159,7 +163,9 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
         throw CommandFailure(.dataError, "key_exists: only a public key object with key ID \(keyID) is on token \(token.label), with no private key (left by an import or a tool that stopped half-way)",
                              hint: "remove it with: signctl keys delete \(keyID) --yes (or pass --replace)")
     }
-    let result = try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"), allowDuplicateKey: arguments.flag("allow-duplicate-key"))
+    let result = try ProcessControl.holdingTerminationSignals {
+        try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"), allowDuplicateKey: arguments.flag("allow-duplicate-key"))
+    }
     if !result.duplicateOf.isEmpty {
         FileHandle.standardError.write(Data("note: the same key is also on token \(token.label) as key ID \(result.duplicateOf.joined(separator: ", ")) (--allow-duplicate-key)\n".utf8))
     }
@@ -273,7 +279,7 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     }
     let token = try openToken(configPath: configPath)
     defer { token.close() }
-    let removed = try token.deleteKey(keyID: keyID)
+    let removed = try ProcessControl.holdingTerminationSignals { try token.deleteKey(keyID: keyID) }
     print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")
     return .success
 }

@@ -28,6 +28,18 @@ int CSignerShim_disable_core_dumps(void);
 int CSignerShim_is_dumpable(void);
 
 /// A log callback receiving a formatted, NUL-terminated message.
+/// Holds SIGINT, SIGTERM, SIGHUP and SIGQUIT (process-wide, `sigaction`):
+/// the first one that arrives is remembered and a note is written to
+/// stderr; a second one ends the process at once with its default action.
+/// Returns 0, or -1 with errno when a disposition could not be changed
+/// (those already changed are restored).
+int CSignerShim_hold_termination_signals(void);
+
+/// Restores the dispositions `CSignerShim_hold_termination_signals` saved
+/// and, when a signal arrived meanwhile, raises it again (so a default
+/// action ends the process now). Returns that signal's number, or 0.
+int CSignerShim_release_termination_signals(void);
+
 typedef void (*CSignerShim_log_callback)(void *context, const char *message);
 
 /// Options for `CSignerShim_mhd_start`, mirroring the `MHD_OPTION_*` values
