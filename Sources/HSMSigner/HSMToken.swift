@@ -317,10 +317,27 @@ public final class HSMToken: @unchecked Sendable {
 
     /// Replaces the PIN (after the operator fixed the PIN source) and, if the
     /// token had refused the old one, tries one login with the new one.
+    ///
+    /// A PIN source that still gives the PIN the token refused is not sent
+    /// again: each wrong `C_Login` counts toward the token's lock, and a
+    /// reload that only re-reads an unchanged file (or systemd's old copy of
+    /// it) would spend one.
     /// - Parameter uri: the (possibly changed) token URI; only its PIN source is used.
-    /// - Throws: the PIN source errors, or ``HSMError/Code/pinRejected`` if the new PIN is refused too.
+    /// - Throws: the PIN source errors, or ``HSMError/Code/pinRejected`` if the
+    ///   new PIN is refused too, or is the refused PIN itself (then without a
+    ///   `C_Login`).
     public func reloadPIN(from uri: PKCS11URI) throws(HSMError) {
         let newPIN = try uri.readPIN()
+        let refused: PKCS11ReturnValue? = state.withLock { state in
+            if case .pinRejected(let rv) = state.status { return rv }
+            return nil
+        }
+        if let refused, pin.withLock({ $0.hasSameBytes(as: newPIN) }) {
+            var error = HSMError(.pinRejected, "the PIN source still gives the PIN token \(label) refused (\(refused)); it is not sent again, since tokens lock after a few wrong PINs: write the right PIN into the PIN source, then reload")
+            error.returnValue = refused
+            error.tokenLabel = label
+            throw error
+        }
         pin.withLock { $0 = newPIN }
         let wasRejected: Bool = state.withLock { state in
             if case .pinRejected = state.status {
