@@ -123,7 +123,8 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     /// - Returns: the PIN in a wiped buffer.
     /// - Throws: ``HSMError/Code/pinSourceUnreadable``;
     ///   ``HSMError/Code/pinSourceInsecure`` when the file is readable or
-    ///   writable by other users.
+    ///   writable by other users, writable by its group, or owned by
+    ///   someone other than root and this process's effective uid.
     public func readPIN() throws(HSMError) -> SecureBytes {
         if let value = p11_kit_uri_get_pin_value(uri) {
             return SecureBytes(copying: UnsafeRawBufferPointer(start: value, count: strlen(value)))
@@ -222,6 +223,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         // O_NONBLOCK: a FIFO would otherwise wait for a writer, for good (signerd blocks SIGTERM); fstat refuses it next.
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard fd >= 0 else {
+            if errno == ELOOP {
+                throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is a symbolic link, which is not followed (whoever may change the link chooses the PIN sent); name the file itself")
+            }
             throw HSMError(.pinSourceUnreadable, "cannot open the PIN file \(path): \(String(cString: strerror(errno)))")
         }
         defer { close(fd) }
@@ -229,8 +233,13 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         guard fstat(fd, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG else {
             throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is not a regular file")
         }
-        guard info.st_mode & (S_IROTH | S_IWOTH) == 0 else {
-            throw HSMError(.pinSourceInsecure, "the PIN file \(path) is readable or writable by other users (mode \(String(info.st_mode & 0o777, radix: 8))); run chmod 0600 (or 0640 with the daemon's group) on it")
+        // As OpenSSH's StrictModes: whoever may rewrite the file chooses the
+        // PIN signerd sends, and a wrong one counts toward locking the token.
+        guard info.st_mode & (S_IROTH | S_IWOTH | S_IWGRP) == 0 else {
+            throw HSMError(.pinSourceInsecure, "the PIN file \(path) is readable or writable by other users, or writable by its group (mode \(String(info.st_mode & 0o777, radix: 8))); run chmod 0600 (or 0640 with the daemon's group) on it")
+        }
+        guard info.st_uid == 0 || info.st_uid == geteuid() else {
+            throw HSMError(.pinSourceInsecure, "the PIN file \(path) belongs to uid \(info.st_uid), neither root nor this process's uid \(geteuid()), so that user could change the PIN sent; chown it to root or to the user signerd runs as")
         }
         let maximum = 256
         let pin = SecureBytes(capacity: maximum) { buffer in

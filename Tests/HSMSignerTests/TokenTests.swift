@@ -331,7 +331,7 @@ struct TokenURITests {
         #expect(error?.code == .moduleNotFound)
     }
 
-    @Test("PIN file: trailing newline stripped; world-readable refused; missing named")
+    @Test("PIN file: trailing newline stripped; world-readable, group-writable and symbolic links refused, group-readable accepted; missing named")
     func pinFile() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-pin")
         let good = directory + "/pin"
@@ -343,6 +343,19 @@ struct TokenURITests {
         let insecure = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(open)").readPIN() }
         #expect(insecure?.code == .pinSourceInsecure)
         #expect(insecure?.message.contains("s3cret") == false)
+        // Group-writable: the group could choose the PIN sent (and lock the token with wrong ones).
+        let groupWritable = directory + "/group-writable-pin"
+        try writeSecretFile(groupWritable, "s3cret\n", mode: 0o660)
+        let writable = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(groupWritable)").readPIN() }
+        #expect(writable?.code == .pinSourceInsecure)
+        #expect(writable?.message.contains("writable by its group") == true, "\(writable?.message ?? "")")
+        let link = directory + "/link-pin"
+        symlink(good, link)
+        let linked = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(link)").readPIN() }
+        #expect(linked?.message.contains("symbolic link") == true, "\(linked?.message ?? "")")
+        let groupReadable = directory + "/group-readable-pin"
+        try writeSecretFile(groupReadable, "s3cret\n", mode: 0o640)
+        #expect(try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(groupReadable)").readPIN().count == 6)
         let missing = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(directory)/none").readPIN() }
         #expect(missing?.code == .pinSourceUnreadable)
         // Two lines are refused, without showing either (a wrong PIN tried counts towards locking the token).
@@ -353,6 +366,20 @@ struct TokenURITests {
             #expect(refused?.code == .pinSourceUnreadable)
             #expect(refused?.message.contains("more than one line") == true && refused?.message.contains("s3c") == false, "\(refused?.message ?? "")")
         }
+    }
+
+    @Test("PIN file owned by another user (not root, not this uid) is refused: that user could choose the PIN sent",
+          .enabled(if: geteuid() == 0, "giving a file to another uid (chown) needs root"))
+    func pinFileOwner() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-pin-owner")
+        let path = directory + "/pin"
+        try writeSecretFile(path, "s3cret\n")
+        #expect(chown(path, 65534, 65534) == 0)
+        let refused = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(path)").readPIN() }
+        #expect(refused?.code == .pinSourceInsecure)
+        #expect(refused?.message.contains("uid 65534") == true, "\(refused?.message ?? "")")
+        #expect(chown(path, 0, 0) == 0)
+        #expect(try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(path)").readPIN().count == 6)
     }
 
     @Test("a token that is not there is token_not_found, naming the tokens present")
