@@ -224,9 +224,7 @@ extension HSMToken {
         }
         let idBytes = Array(keyID.utf8)
         return try withReadWriteSession { (session) throws(HSMError) -> KeyImportResult in
-            let existing = try find(session, [Attribute(P11.id, idBytes)])
-                + (try find(session, [Attribute(P11.label, idBytes)]))
-            let old = Array(Set(existing))
+            let old = try keyObjects(session, keyID: keyID)
             if !old.isEmpty && !replace {
                 var error = HSMError(.keyExists, "key ID \(keyID) is already on token \(label); pass --replace to replace it")
                 error.keyID = keyID
@@ -327,7 +325,25 @@ extension HSMToken {
         return holders.sorted()
     }
 
-    /// Removes every object (private and public key) with `keyID` as `CKA_ID` or `CKA_LABEL`.
+    /// The EC private and public key objects with `keyID` as `CKA_ID` or
+    /// `CKA_LABEL`: what an import replaces and a delete removes. Other
+    /// objects that happen to carry the same label or ID (data objects,
+    /// certificates, keys of another type) are left alone.
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjectsInit`, `C_FindObjects` and `C_FindObjectsFinal`.
+    func keyObjects(_ session: UInt, keyID: String) throws(HSMError) -> [UInt] {
+        let idBytes = Array(keyID.utf8)
+        var found: Set<UInt> = []
+        for objectClass in [P11.privateKeyClass, P11.publicKeyClass] {
+            for naming in [Attribute(P11.id, idBytes), Attribute(P11.label, idBytes)] {
+                found.formUnion(try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.keyType, ulong: P11.ecKeyType), naming]))
+            }
+        }
+        return found.sorted()
+    }
+
+    /// Removes the EC private and public key objects with `keyID` as
+    /// `CKA_ID` or `CKA_LABEL`; other objects with that label or ID stay.
     ///
     /// The corresponding PKCS#11 function is `C_DestroyObject`.
     /// - Parameter keyID: the key ID.
@@ -335,11 +351,10 @@ extension HSMToken {
     /// - Throws: ``HSMError/Code/keyNotFound`` when none exist.
     @discardableResult
     public func deleteKey(keyID: String) throws(HSMError) -> Int {
-        let idBytes = Array(keyID.utf8)
         let count = try withReadWriteSession { (session) throws(HSMError) -> Int in
-            let objects = Array(Set(try find(session, [Attribute(P11.id, idBytes)]) + (try find(session, [Attribute(P11.label, idBytes)]))))
+            let objects = try keyObjects(session, keyID: keyID)
             guard !objects.isEmpty else {
-                var error = HSMError(.keyNotFound, "no objects with key ID \(keyID) on token \(label)")
+                var error = HSMError(.keyNotFound, "no EC key objects with key ID \(keyID) on token \(label)")
                 error.keyID = keyID
                 throw error
             }

@@ -523,6 +523,8 @@ enum P11 {
     static let ecPoint = UInt(CKA_EC_POINT)
     static let privateKeyClass = UInt(CKO_PRIVATE_KEY)
     static let publicKeyClass = UInt(CKO_PUBLIC_KEY)
+    static let dataClass = UInt(CKO_DATA)
+    static let application = UInt(CKA_APPLICATION)
     static let ecKeyType = UInt(CKK_EC)
     static let writeProtected = UInt(CKF_WRITE_PROTECTED)
     static let tokenInitialized = UInt(CKF_TOKEN_INITIALIZED)

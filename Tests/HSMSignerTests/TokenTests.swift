@@ -216,6 +216,38 @@ struct TokenTests {
         #expect(error?.keyID == "DELETE0001")
     }
 
+    @Test("delete and import --replace touch only the EC key objects: a data object labelled with the key ID stays")
+    func deleteLeavesOtherObjects() throws {
+        let token = try SoftHSMFixture.shared.makeToken("delete-other")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let label = Array("OTHER00001".utf8)
+        func dataObjects() throws -> [UInt] {
+            try hsm.withReadWriteSession { (session) throws(HSMError) in
+                try hsm.find(session, [Attribute(P11.classAttribute, ulong: P11.dataClass), Attribute(P11.label, label)])
+            }
+        }
+        try hsm.withReadWriteSession { (session) throws(HSMError) in
+            let (rv, _) = hsm.functions.createObject(session, template: [
+                Attribute(P11.classAttribute, ulong: P11.dataClass), Attribute(P11.token, bool: true),
+                Attribute(P11.private, bool: true), Attribute(P11.label, label),
+                Attribute(P11.application, Array("someone else's".utf8)), Attribute(P11.value, [1, 2, 3]),
+            ])
+            #expect(rv == .ok)
+        }
+        #expect(try dataObjects().count == 1)
+        let files = try TestKeyFiles.make()
+        // Not a key: the import is not refused as key_exists, and --replace leaves it.
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "OTHER00001", replace: false)
+        let replaced = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "OTHER00001", replace: true)
+        #expect(replaced.replaced)
+        #expect(try dataObjects().count == 1)
+        #expect(try hsm.deleteKey(keyID: "OTHER00001") == 2)
+        #expect(try dataObjects().count == 1, "keys delete removed a data object that only shares the label")
+        let none = #expect(throws: HSMError.self) { try hsm.deleteKey(keyID: "OTHER00001") }
+        #expect(none?.code == .keyNotFound)
+    }
+
     @Test("EC point: raw and DER-wrapped forms are told apart by length")
     func ecPointForms() throws {
         let point = [0x04] + [UInt8](repeating: 0x11, count: 64)
