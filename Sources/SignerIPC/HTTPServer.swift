@@ -128,6 +128,14 @@ public struct HTTPServerOptions: Sendable {
     public var requestTimeoutSeconds = 10.0
     /// Largest body in bytes (413 above).
     public var maxBodyBytes = 64 * 1024
+    /// Largest declared body (`Content-Length`) over ``maxBodyBytes`` that
+    /// is still read, and thrown away, before the 413: max(1 MiB, 16 ×
+    /// ``maxBodyBytes``), in bytes. A client that writes its whole body
+    /// before it reads (Python's `http.client`, `requests`) would otherwise
+    /// fail to write once the socket buffers fill, and never see the 413.
+    /// A larger declared body, or one sent with `Expect: 100-continue`, is
+    /// answered from the head.
+    public var drainedBodyLimit: Int { max(1024 * 1024, 16 * maxBodyBytes) }
     /// Largest request head (request line and headers) in bytes (431 above, from libmicrohttpd).
     public var maxHeaderBytes = 8 * 1024
     /// Seconds from the arrival of a request that may block to its answer
@@ -189,6 +197,7 @@ final class RequestState: @unchecked Sendable {
     var targetBytes = 0
     var headProcessed = false
     var body: [UInt8] = []
+    /// The body is over the limit: it is read and thrown away, and answered 413 once it has arrived.
     var tooLarge = false
     var answered = false
     var processing = false
@@ -769,6 +778,14 @@ public final class HTTPServer: @unchecked Sendable {
         return Int(value) ?? Int.max
     }
 
+    /// Whether the request carries `Expect: 100-continue` (RFC 9110 §10.1.1):
+    /// its client waits for a go-ahead before it sends the body, so a final
+    /// answer from the head reaches it without a body to throw away.
+    private static func expectsContinue(_ connection: OpaquePointer) -> Bool {
+        guard let value = MHD_lookup_connection_value(connection, .HEADER_KIND, "Expect") else { return false }
+        return strcasecmp(value, "100-continue") == 0
+    }
+
     private static let accessHandler: MHD_AccessHandlerCallback = { context, connection, _, method, _, uploadData, uploadSize, requestContext in
         guard let connection, let requestContext else { return .NO }
         let server = HTTPServer.server(context)
@@ -819,6 +836,15 @@ public final class HTTPServer: @unchecked Sendable {
                 return server.queue(response, path: state.path, on: connection)
             }
             if let contentLength, contentLength > server.options.maxBodyBytes {
+                // Read the body and answer once it is in, as for a chunked body
+                // that grows too large: a client that writes it all before
+                // reading gets the 413, not a broken pipe. Still bounded by
+                // request_timeout_seconds. A body past the drain limit, or one
+                // the client holds back until told to go on, is answered now.
+                if contentLength <= server.options.drainedBodyLimit && !HTTPServer.expectsContinue(connection) {
+                    state.tooLarge = true
+                    return .YES
+                }
                 state.answered = true
                 return server.queue(server.handler.payloadTooLarge(path: state.path, limit: server.options.maxBodyBytes), path: state.path, on: connection)
             }

@@ -1,0 +1,86 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Bodies over `max_body_bytes` with a `Content-Length`. The daemon used to
+/// answer 413 from the head and close without reading the body, so a client
+/// that writes its whole body before it reads (Python's `http.client`,
+/// `requests`) failed its write with EPIPE or ECONNRESET once the socket
+/// buffers were full, and never saw the 413.
+@Suite("Oversized bodies with a Content-Length", .serialized)
+struct OversizedBodyTests {
+    static let path = "/v1/sign/promotional-offer"
+
+    /// Reads one response from `connection`: its status line and the
+    /// `Content-Length` bytes of body that follow the head.
+    static func readResponse(_ connection: UnixConnection) throws -> (head: String, body: String) {
+        var received: [UInt8] = []
+        let separator = Array("\r\n\r\n".utf8)
+        while true {
+            if let end = received.firstRange(of: separator) {
+                let head = String(decoding: received[..<end.lowerBound], as: UTF8.self)
+                let length = head.split(separator: "\r\n").first { $0.lowercased().hasPrefix("content-length:") }
+                    .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
+                while received.count < end.upperBound + length {
+                    guard try connection.read(appendingTo: &received) > 0 else { break }
+                }
+                return (head, String(decoding: received[end.upperBound...].prefix(length), as: UTF8.self))
+            }
+            guard try connection.read(appendingTo: &received) > 0 else {
+                return (String(decoding: received, as: UTF8.self), "")
+            }
+        }
+    }
+
+    /// The head of a JSON POST declaring `length` bytes of body.
+    static func head(length: Int, extra: String = "") -> [UInt8] {
+        Array("POST \(path) HTTP/1.1\r\nHost: signerd\r\nContent-Type: application/json\r\n\(extra)Content-Length: \(length)\r\n\r\n".utf8)
+    }
+
+    @Test("a client that writes its whole body first gets the JSON 413, and the connection and the daemon keep serving",
+          arguments: [300 * 1024, 1024 * 1024])
+    func writeAllThenRead(size: Int) throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 10)
+        defer { connection.close() }
+        // One write of head and body, as http.client does, before any read.
+        try connection.write(Self.head(length: size) + [UInt8](repeating: UInt8(ascii: "a"), count: size))
+        let answer = try Self.readResponse(connection)
+        #expect(answer.head.hasPrefix("HTTP/1.1 413"), "\(answer.head)")
+        let error = try JSONDecoder().decode(ErrorResponse.self, from: Data(answer.body.utf8)).error
+        #expect(error.code == "payload_too_large" && error.message.contains("65536"), "\(error)")
+        // The body was read to its end, so the connection is still in step.
+        try connection.write(Array("GET /healthz HTTP/1.1\r\nHost: signerd\r\n\r\n".utf8))
+        #expect(try Self.readResponse(connection).head.hasPrefix("HTTP/1.1 200"))
+        let client = SignerClient(socketPath: daemon.socketPath)
+        defer { client.close() }
+        let signed = try client.send("POST", Self.path, body: Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8))
+        #expect(signed.status == 200)
+    }
+
+    @Test("a body past the drain limit, or sent with Expect: 100-continue, is answered 413 from the head, before any body byte")
+    func answeredFromTheHead() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        #expect(HTTPServerOptions().drainedBodyLimit == 1024 * 1024)
+        for (length, extra) in [(1024 * 1024 + 1, ""), (300 * 1024, "Expect: 100-continue\r\n")] {
+            // A 2 s read timeout: well under the 10 s a body never sent would take to time out.
+            let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 2)
+            defer { connection.close() }
+            try connection.write(Self.head(length: length, extra: extra))
+            let answer = try Self.readResponse(connection)
+            #expect(answer.head.hasPrefix("HTTP/1.1 413"), "\(length) \(extra): \(answer.head)")
+            #expect(answer.body.contains("payload_too_large"), "\(answer.body)")
+        }
+        let client = SignerClient(socketPath: daemon.socketPath)
+        defer { client.close() }
+        #expect(try client.send("GET", "/healthz").status == 200)
+    }
+}
