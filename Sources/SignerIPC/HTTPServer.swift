@@ -642,14 +642,29 @@ public final class HTTPServer: @unchecked Sendable {
         connectionState?.requestStarted.store(MonotonicClock.now(), ordering: .releasing)
         connectionState?.waitingSince.store(0, ordering: .releasing)
         connectionState?.awaitingFirstRequest.store(false, ordering: .releasing)
-        // The path up to any query string, cut on the bytes: String.firstIndex(of:)
-        // walks grapheme clusters and cost 10,000 instructions per request.
-        let path = uri.map { uri in
-            String(decoding: UnsafeRawBufferPointer(start: uri, count: strcspn(uri, "?")), as: UTF8.self)
-        } ?? "/"
+        let path = uri.map(HTTPServer.path(ofTarget:)) ?? "/"
         let state = RequestState(connection: connectionState, path: path)
         state.targetBytes = uri.map { strlen($0) } ?? 1
         return Unmanaged.passRetained(state).toOpaque()
+    }
+
+    /// The path a request target names, for routing (RFC 9112 §3.2): an
+    /// origin-form target (`/healthz?x=1`) up to any query string; an
+    /// absolute-form one (`http://signerd/healthz?x=1`, scheme `http` or
+    /// `https` in any case), which a server must accept (§3.2.2), the same
+    /// after its scheme and authority, and `/` when it has no path. Other
+    /// targets are returned as they are (and get 404). Cut on the bytes:
+    /// String.firstIndex(of:) walks grapheme clusters and cost 10,000
+    /// instructions per request.
+    static func path(ofTarget target: UnsafePointer<CChar>) -> String {
+        var start = target
+        let schemeLength = strncasecmp(target, "http://", 7) == 0 ? 7 : strncasecmp(target, "https://", 8) == 0 ? 8 : 0
+        if schemeLength > 0 {
+            let authority = target + schemeLength
+            start = authority + strcspn(authority, "/?")
+            guard start.pointee == CChar(UInt8(ascii: "/")) else { return "/" }  // `http://signerd` or `http://signerd?x=1`
+        }
+        return String(decoding: UnsafeRawBufferPointer(start: start, count: strcspn(start, "?")), as: UTF8.self)
     }
 
     private static let requestCompleted: MHD_RequestCompletedCallback = { context, _, requestContext, _ in
