@@ -125,7 +125,8 @@ public final class SignerService: HTTPHandler, Sendable {
     /// `Allow`, 429 `rate_limited` over the per-uid token bucket
     /// (`rate_limit_per_second`, `rate_limit_burst`), 503 `hsm_unavailable`
     /// with `Retry-After: 1` for a POST while the token is down, and 415
-    /// `unsupported_media_type` for a POST that is not `application/json`.
+    /// `unsupported_media_type` for a POST that is not `application/json`,
+    /// or that names a `charset` other than UTF-8.
     /// - Parameters:
     ///   - method: the request method.
     ///   - path: the request path.
@@ -159,6 +160,11 @@ public final class SignerService: HTTPHandler, Sendable {
         if route.method == "POST" {
             guard let contentType, Self.isJSON(contentType) else {
                 return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentType ?? "none")")))
+            }
+            // JSON between systems is UTF-8 (RFC 8259 §8.1), and signerd reads
+            // nothing else: a body declared otherwise would be read as UTF-8.
+            if let charset = Self.charsets(of: contentType).first(where: { $0.lowercased() != "utf-8" }) {
+                return respond(.failure(APIError(.unsupportedMediaType, "the body's charset is \"\(charset)\", but signerd reads JSON as UTF-8 only (RFC 8259 §8.1); send it as UTF-8 with Content-Type: application/json or application/json; charset=utf-8")))
             }
         }
         return nil
@@ -227,6 +233,47 @@ public final class SignerService: HTTPHandler, Sendable {
         }
         guard let after = bytes.next() else { return true }
         return after == UInt8(ascii: ";") || after == 0x20 || after == 0x09
+    }
+
+    /// The values of the `charset` parameters of a `Content-Type` (RFC 9110
+    /// §8.3.1: the name in any case, the value a token or a quoted string,
+    /// returned without its quotes and escapes), in order; empty when there
+    /// are none. Parameters start at the first `;`, after the media type.
+    static func charsets(of contentType: String) -> [String] {
+        let semicolon = UInt8(ascii: ";"), quote = UInt8(ascii: "\""), backslash = UInt8(ascii: "\\")
+        guard contentType.utf8.contains(semicolon) else { return [] }  // the usual case, without a copy
+        let bytes = Array(contentType.utf8)
+        func isSpace(_ byte: UInt8) -> Bool { byte == 0x20 || byte == 0x09 }
+        guard var index = bytes.firstIndex(of: semicolon) else { return [] }
+        var found: [String] = []
+        while index < bytes.count {
+            index += 1  // past the ";"
+            while index < bytes.count && isSpace(bytes[index]) { index += 1 }
+            let nameStart = index
+            while index < bytes.count && bytes[index] != UInt8(ascii: "=") && bytes[index] != semicolon { index += 1 }
+            let name = String(decoding: bytes[nameStart..<index], as: UTF8.self).trimmingCharacters(in: .whitespaces)
+            guard index < bytes.count, bytes[index] == UInt8(ascii: "=") else { continue }  // no value: at the next ";" or the end
+            index += 1
+            while index < bytes.count && isSpace(bytes[index]) { index += 1 }  // not in RFC 9110, but unambiguous
+            var value: [UInt8] = []
+            if index < bytes.count && bytes[index] == quote {
+                index += 1
+                while index < bytes.count && bytes[index] != quote {
+                    if bytes[index] == backslash && index + 1 < bytes.count { index += 1 }
+                    value.append(bytes[index])
+                    index += 1
+                }
+                while index < bytes.count && bytes[index] != semicolon { index += 1 }  // the closing quote and what follows it
+            } else {
+                while index < bytes.count && bytes[index] != semicolon && !isSpace(bytes[index]) {
+                    value.append(bytes[index])
+                    index += 1
+                }
+                while index < bytes.count && bytes[index] != semicolon { index += 1 }
+            }
+            if name.lowercased() == "charset" { found.append(String(decoding: value, as: UTF8.self)) }
+        }
+        return found
     }
 
     /// 413 `payload_too_large` naming the limit.
