@@ -23,11 +23,12 @@ package enum JSONText {
     ///   - body: the text.
     ///   - fragmentsAllowed: whether a top-level scalar is parsed (to name
     ///     its kind) rather than refused as not JSON.
-    /// - Returns: what `JSONSerialization.jsonObject(with:)` returns, and
-    ///   how many member names the text holds (``structure(_:)``).
+    /// - Returns: what `JSONSerialization.jsonObject(with:)` returns, how
+    ///   many member names the text holds, and whether any number in it is
+    ///   written with a fraction or an exponent (``structure(_:)``).
     /// - Throws: ``Problem``; `notJSON` also for a trailing comma,
     ///   which Foundation's parser accepts and RFC 8259 does not.
-    package static func parse(_ body: [UInt8], fragmentsAllowed: Bool = false) throws(Problem) -> (value: Any, memberNames: Int) {
+    package static func parse(_ body: [UInt8], fragmentsAllowed: Bool = false) throws(Problem) -> (value: Any, memberNames: Int, fractionalNumbers: Bool) {
         if let problem = notUTF8(body) { throw .notUTF8(problem) }
         let value: Any
         do {
@@ -41,7 +42,7 @@ package enum JSONText {
         if structure.trailingComma {
             throw .notJSON("a comma directly before } or ] (a trailing comma)")
         }
-        return (value, structure.memberNames)
+        return (value, structure.memberNames, structure.fractionalNumbers)
     }
 
     /// The parser's reason as a clause of signerd's sentence: shortened,
@@ -105,19 +106,31 @@ package enum JSONText {
     }
 
     /// One pass of ``scanMemberNames(in:_:)``: how many member names `body`
-    /// holds, and whether a `,` comes directly before a `}` or `]`.
-    package static func structure(_ body: [UInt8]) -> (memberNames: Int, trailingComma: Bool) {
+    /// holds, whether a `,` comes directly before a `}` or `]`, and whether
+    /// any number is written with a fraction or an exponent.
+    package static func structure(_ body: [UInt8]) -> (memberNames: Int, trailingComma: Bool, fractionalNumbers: Bool) {
         var count = 0
         var trailingComma = false
-        scanMemberNames(in: body) { event, _ in
+        var fractional = false
+        scanMemberNames(in: body) { event, raw in
             switch event {
             case .name: count += 1
             case .trailingComma: trailingComma = true
+            case .number: fractional = fractional || hasFractionOrExponent(raw)
             default: break
             }
             return true
         }
-        return (count, trailingComma)
+        return (count, trailingComma, fractional)
+    }
+
+    /// Whether a JSON number literal (as ``scanMemberNames(in:_:)`` reports
+    /// it) has a fraction or an exponent (RFC 8259 §6: `.`, `e` or `E`).
+    /// Foundation's parser cannot say: it returns a `Double` for some such
+    /// numbers and an `NSDecimalNumber` for others, and an `NSDecimalNumber`
+    /// for some plain integers too (`-1234567890123456789`).
+    package static func hasFractionOrExponent(_ literal: ArraySlice<UInt8>) -> Bool {
+        literal.contains { $0 == UInt8(ascii: ".") || $0 == UInt8(ascii: "e") || $0 == UInt8(ascii: "E") }
     }
 
 
@@ -135,12 +148,15 @@ package enum JSONText {
         /// A `,` directly before the `}` or `]` that follows (reported
         /// before that end): RFC 8259 has no trailing commas.
         case trailingComma
+        /// A number (its literal is passed alongside, sign, fraction and
+        /// exponent included).
+        case number
     }
 
     /// Walks the JSON text in `body` and reports each object's and array's
     /// start and end, each comma between array elements, each comma right
-    /// before an end (a trailing comma), and each member name (raw bytes
-    /// between the quotes), until
+    /// before an end (a trailing comma), each member name (raw bytes
+    /// between the quotes) and each number (its literal), until
     /// `visit` returns false. A string is a name when it sits directly in an
     /// object after `{` or `,`. Meant for text the parser accepted; stays in
     /// bounds on any input.
@@ -185,11 +201,23 @@ package enum JSONText {
                 previous = byte
             case 0x20, 0x09, 0x0a, 0x0d:
                 break  // whitespace
+            case UInt8(ascii: "-"), UInt8(ascii: "0")...UInt8(ascii: "9"):
+                let start = index
+                while index + 1 < body.count, isNumberByte(body[index + 1]) { index += 1 }
+                previous = UInt8(ascii: "0")  // a value
+                if !visit(.number, body[start...index]) { return }
             default:
-                previous = UInt8(ascii: "0")  // inside a number, true, false or null: a value
+                previous = UInt8(ascii: "0")  // inside true, false or null: a value
             }
             index += 1
         }
     }
 
+    /// Whether `byte` can continue a JSON number: a digit, `.`, `e`, `E`, `+` or `-`.
+    private static func isNumberByte(_ byte: UInt8) -> Bool {
+        switch byte {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "."), UInt8(ascii: "e"), UInt8(ascii: "E"), UInt8(ascii: "+"), UInt8(ascii: "-"): true
+        default: false
+        }
+    }
 }

@@ -110,6 +110,12 @@ public enum JSONValue: Sendable, Equatable, Codable {
     /// integer beyond `Int64` (Foundation returns `UInt64` up to 2⁶⁴ − 1 and
     /// `NSDecimalNumber` beyond), or a number only `NSDecimalNumber` holds,
     /// would otherwise be signed as a different value.
+    ///
+    /// Without the text, how a number was written is taken from the type
+    /// Foundation returned, which cannot always tell: an `NSDecimalNumber`
+    /// equal to −2⁶³ is taken for an integer, and any other for a number
+    /// out of range. ``FieldReader/init(json:allowed:exactNumbers:)`` reads
+    /// the spelling from the text instead.
     /// - Parameters:
     ///   - value: a value from `JSONSerialization.jsonObject(with:)`.
     ///   - path: where `value` sits, for errors (`request.price`; empty at the top).
@@ -120,6 +126,17 @@ public enum JSONValue: Sendable, Equatable, Codable {
     /// - Throws: ``APIError`` `invalid_field` naming the member that holds such
     ///   a number; `invalid_json` for a type JSON does not have.
     public init(foundation value: Any, path: String, exact: Bool = true) throws(APIError) {
+        try self.init(foundation: value, path: path, exact: exact, spellings: nil)
+    }
+
+    /// As ``init(foundation:path:exact:)``, with how each number is written
+    /// taken from the text when `spellings` is given: a number written with
+    /// a fraction or an exponent becomes ``number(_:)`` whatever type
+    /// Foundation chose for it (`1.796013077037E+12` and
+    /// `-9.223372036854775808E+18` come back as `NSDecimalNumber`), and
+    /// one written as an integer is exact when it lies within `Int64`
+    /// (`-1234567890123456789` comes back as `NSDecimalNumber` too).
+    init(foundation value: Any, path: String, exact: Bool, spellings: NumberSpellings?) throws(APIError) {
         // Strings first (most members are strings), then containers:
         // testing a Swift dictionary `as NSNumber` bridges the whole
         // dictionary to NSDictionary (measured: a third of the request's
@@ -133,31 +150,44 @@ public enum JSONValue: Sendable, Equatable, Codable {
             var members: [String: JSONValue] = [:]
             members.reserveCapacity(object.count)
             for (key, member) in object {
-                members[key] = try JSONValue(foundation: member, path: path.isEmpty ? key : "\(path).\(key)", exact: exact)
+                members[key] = try JSONValue(foundation: member, path: path.isEmpty ? key : "\(path).\(key)", exact: exact,
+                                             spellings: spellings?.entering(.member(key)))
             }
             self = .object(members)
         case let array as [Any]:
             var values: [JSONValue] = []
             values.reserveCapacity(array.count)
             for (index, element) in array.enumerated() {
-                values.append(try JSONValue(foundation: element, path: "\(path)[\(index)]", exact: exact))
+                values.append(try JSONValue(foundation: element, path: "\(path)[\(index)]", exact: exact, spellings: spellings?.entering(.element(index))))
             }
             self = .array(values)
         case let decimal as NSDecimalNumber:
-            // Foundation's form for what neither Int64 nor Double holds exactly:
-            // big integers and long fractions. The one integer literal among
-            // them that fits is −2⁶³; anything else could be signed changed.
-            guard decimal.compare(NSDecimalNumber(value: Int64.min)) == .orderedSame else {
-                guard exact else {
+            // Foundation's form for what neither Int64 nor Double holds exactly
+            // (big integers, long fractions), but also for some numbers that
+            // one of them holds, written either way.
+            if let spellings {
+                if spellings.isFractionalHere {
                     self = .number(decimal.doubleValue)
                     return
                 }
-                throw JSONValue.inexact(decimal.stringValue, path: path)
+                // Written as an integer, so the decimal holds it exactly.
+                if let integer = Int64(decimal.stringValue) {
+                    self = .integer(integer)
+                    return
+                }
+            } else if decimal.compare(NSDecimalNumber(value: Int64.min)) == .orderedSame {
+                self = .integer(Int64.min)
+                return
             }
-            self = .integer(Int64.min)
+            guard exact else {
+                self = .number(decimal.doubleValue)
+                return
+            }
+            throw JSONValue.inexact(decimal.stringValue, path: path)
         case let number as NSNumber:
             switch String(cString: number.objCType) {
             case "c", "B": self = .bool(number.boolValue)
+            case _ where spellings?.isFractionalHere == true: self = .number(number.doubleValue)
             case "d", "f": self = .number(number.doubleValue)
             case "Q", "L", "I", "S":
                 guard number.uint64Value <= UInt64(Int64.max) else {
@@ -290,8 +320,9 @@ public struct FieldReader {
     public init(json body: [UInt8], allowed: Set<String>, exactNumbers: Bool = true) throws(APIError) {
         let parsed: Any
         let memberNames: Int
+        let fractionalNumbers: Bool
         do throws(JSONText.Problem) {
-            (parsed, memberNames) = try JSONText.parse(body)
+            (parsed, memberNames, fractionalNumbers) = try JSONText.parse(body)
         } catch {
             switch error {
             case .notUTF8(let problem):
@@ -304,7 +335,9 @@ public struct FieldReader {
         if let object = parsed as? [String: Any] {
             try Self.refuseUnknown(Array(object.keys), path: "", allowed: allowed)
         }
-        let value = try JSONValue(foundation: parsed, path: "", exact: exactNumbers)
+        // Foundation's number types do not say how a number was written: the text does.
+        let spellings = NumberSpellings(fractional: fractionalNumbers ? Self.fractionalNumberLocations(in: body) : [])
+        let value = try JSONValue(foundation: parsed, path: "", exact: exactNumbers, spellings: spellings)
         guard case .object(let members) = value else {
             throw APIError(.invalidJSON, "the request body is \(value.kind); send one JSON object")
         }
@@ -333,53 +366,30 @@ public struct FieldReader {
     /// As ``repeatedMemberName(in:)``, with the member's path as the API
     /// names fields (`generate_offers[0].offer_id`; the bare name at the top).
     static func repeatedMember(in body: [UInt8]) -> (name: String, path: String)? {
-        // One frame per open container, innermost last: an object's names so
-        // far and the member being read, or an array's element index.
-        enum Frame {
-            case object(names: Set<String>, current: String?)
-            case array(index: Int)
-        }
-        var frames: [Frame] = []
+        var position = ScanPosition()
         var repeated: (name: String, path: String)?
-        func path(to name: String) -> String {
-            var path = ""
-            for frame in frames.dropLast() {
-                switch frame {
-                case .object(_, let current): path += path.isEmpty ? (current ?? "") : ".\(current ?? "")"
-                case .array(let index): path += "[\(index)]"
-                }
-            }
-            return path.isEmpty ? name : "\(path).\(name)"
-        }
         JSONText.scanMemberNames(in: body) { event, raw in
-            switch event {
-            case .objectStart:
-                frames.append(.object(names: [], current: nil))
-            case .arrayStart:
-                frames.append(.array(index: 0))
-            case .objectEnd, .arrayEnd:
-                if !frames.isEmpty { frames.removeLast() }
-            case .trailingComma:
-                break  // refused by JSONText.parse before any name is compared
-            case .nextElement:
-                if case .array(let index)? = frames.last { frames[frames.count - 1] = .array(index: index + 1) }
-            case .name(let escaped):
-                guard case .object(var names, _)? = frames.last else { return true }
-                let name = escaped ? Self.decodedString(raw) : String(decoding: raw, as: UTF8.self)
-                let fresh = names.insert(name).inserted
-                frames[frames.count - 1] = .object(names: names, current: name)
-                if !fresh {
-                    repeated = (name, path(to: name))
-                    return false
-                }
-            }
-            return true
+            guard let name = position.follow(event, raw), !name.fresh else { return true }
+            repeated = (name.name, position.path(to: name.name))
+            return false
         }
         return repeated
     }
 
+    /// Where the numbers written with a fraction or an exponent sit in `body`.
+    static func fractionalNumberLocations(in body: [UInt8]) -> Set<[JSONStep]> {
+        var position = ScanPosition()
+        var found: Set<[JSONStep]> = []
+        JSONText.scanMemberNames(in: body) { event, raw in
+            _ = position.follow(event, raw)
+            if case .number = event, JSONText.hasFractionOrExponent(raw) { found.insert(position.location) }
+            return true
+        }
+        return found
+    }
+
     /// A JSON string's content with its escapes decoded (by JSONSerialization).
-    private static func decodedString(_ raw: ArraySlice<UInt8>) -> String {
+    fileprivate static func decodedString(_ raw: ArraySlice<UInt8>) -> String {
         let literal = JSONText.escapingByteOrderMarks([UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")])
         return (try? JSONSerialization.jsonObject(with: Data(literal), options: .fragmentsAllowed) as? String) ?? String(decoding: raw, as: UTF8.self)
     }
@@ -519,6 +529,100 @@ public struct FieldReader {
             let expected = Set(consumed).sorted().joined(separator: ", ")
             throw APIError(.unknownField, "\(path)\(first) is not a field of this request (fields are: \(expected)); check the spelling (snake_case)", field: path + first)
         }
+    }
+}
+
+/// One step from a JSON value to one inside it: a member of an object (its
+/// name decoded) or an element of an array.
+enum JSONStep: Hashable {
+    case member(String)
+    case element(Int)
+}
+
+/// How the numbers of a JSON text are written, for
+/// ``JSONValue/init(foundation:path:exact:spellings:)``: where those with a
+/// fraction or an exponent sit, and where the value being converted sits.
+struct NumberSpellings {
+    /// The locations of the numbers written with a fraction or an exponent.
+    let fractional: Set<[JSONStep]>
+    /// The location of the value being converted (followed only when
+    /// `fractional` is not empty: otherwise every number is an integer).
+    private var location: [JSONStep] = []
+
+    init(fractional: Set<[JSONStep]>) {
+        self.fractional = fractional
+    }
+
+    /// The same, one step further in.
+    func entering(_ step: JSONStep) -> NumberSpellings {
+        guard !fractional.isEmpty else { return self }
+        var inner = self
+        inner.location.append(step)
+        return inner
+    }
+
+    /// Whether the number here is written with a fraction or an exponent.
+    var isFractionalHere: Bool { !fractional.isEmpty && fractional.contains(location) }
+}
+
+/// Where a walk of ``JSONText/scanMemberNames(in:_:)`` stands: one frame per
+/// open container, innermost last.
+struct ScanPosition {
+    private enum Frame {
+        /// An object: its member names so far and the member being read.
+        case object(names: Set<String>, current: String?)
+        /// An array: the element being read.
+        case array(index: Int)
+    }
+
+    private var frames: [Frame] = []
+
+    /// Follows one event of the walk.
+    /// - Returns: for a member name, the name (escapes decoded) and whether
+    ///   it is new in its object; nil for any other event.
+    mutating func follow(_ event: JSONText.ScanEvent, _ raw: ArraySlice<UInt8>) -> (name: String, fresh: Bool)? {
+        switch event {
+        case .objectStart:
+            frames.append(.object(names: [], current: nil))
+        case .arrayStart:
+            frames.append(.array(index: 0))
+        case .objectEnd, .arrayEnd:
+            if !frames.isEmpty { frames.removeLast() }
+        case .trailingComma, .number:
+            break  // a trailing comma is refused by JSONText.parse before any name is compared
+        case .nextElement:
+            if case .array(let index)? = frames.last { frames[frames.count - 1] = .array(index: index + 1) }
+        case .name(let escaped):
+            guard case .object(var names, _)? = frames.last else { return nil }
+            let name = escaped ? FieldReader.decodedString(raw) : String(decoding: raw, as: UTF8.self)
+            let fresh = names.insert(name).inserted
+            frames[frames.count - 1] = .object(names: names, current: name)
+            return (name, fresh)
+        }
+        return nil
+    }
+
+    /// The location of the value being read.
+    var location: [JSONStep] {
+        frames.map { frame in
+            switch frame {
+            case .object(_, let current): .member(current ?? "")
+            case .array(let index): .element(index)
+            }
+        }
+    }
+
+    /// The path of member `name` of the innermost object as the API names
+    /// fields (`generate_offers[0].offer_id`; the bare name at the top).
+    func path(to name: String) -> String {
+        var path = ""
+        for frame in frames.dropLast() {
+            switch frame {
+            case .object(_, let current): path += path.isEmpty ? (current ?? "") : ".\(current ?? "")"
+            case .array(let index): path += "[\(index)]"
+            }
+        }
+        return path.isEmpty ? name : "\(path).\(name)"
     }
 }
 
