@@ -126,7 +126,7 @@ public final class SignerService: HTTPHandler, Sendable {
     /// (`rate_limit_per_second`, `rate_limit_burst`), 503 `hsm_unavailable`
     /// with `Retry-After: 1` for a POST while the token is down, and 415
     /// `unsupported_media_type` for a POST that is not `application/json`,
-    /// or that names a `charset` other than UTF-8.
+    /// or that names a `charset` other than UTF-8 (or US-ASCII, its subset).
     /// - Parameters:
     ///   - method: the request method.
     ///   - path: the request path.
@@ -163,7 +163,8 @@ public final class SignerService: HTTPHandler, Sendable {
             }
             // JSON between systems is UTF-8 (RFC 8259 §8.1), and signerd reads
             // nothing else: a body declared otherwise would be read as UTF-8.
-            if let charset = Self.charsets(of: contentType).first(where: { $0.lowercased() != "utf-8" }) {
+            // US-ASCII text is UTF-8 text as it is.
+            if let charset = Self.charsets(of: contentType).first(where: { !["utf-8", "us-ascii"].contains($0.lowercased()) }) {
                 return respond(.failure(APIError(.unsupportedMediaType, "the body's charset is \"\(charset)\", but signerd reads JSON as UTF-8 only (RFC 8259 §8.1); send it as UTF-8 with Content-Type: application/json or application/json; charset=utf-8")))
             }
         }
