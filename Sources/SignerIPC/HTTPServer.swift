@@ -174,9 +174,11 @@ final class ConnectionState: Sendable {
     let dropped = Atomic<Bool>(false)
     /// The request in a handler that may block, if any.
     let blockingCall = Locked<BlockingCall?>(nil)
-    /// Requests read in full and not yet reported complete by
-    /// libmicrohttpd (in the handler, or being answered): 0 or 1.
-    let requestsInProgress = Atomic<Int>(0)
+    /// Requests read in full whose handler has not returned yet: 0 or 1.
+    /// Not counted to the end of the request: libmicrohttpd reports that
+    /// only after the client may have read the answer, closed and
+    /// connected again, and the old connection would still count.
+    let requestsInHandler = Atomic<Int>(0)
     /// Taken from the listen backlog at shutdown and no request line seen
     /// yet: the drain waits for it (a while).
     let awaitingFirstRequest: Atomic<Bool>
@@ -578,7 +580,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// holds a libmicrohttpd slot and a thread, so it still counts.
     private static func isGone(_ connection: ConnectionState) -> Bool {
         peerHungUp(connection.descriptor) && connection.requestStarted.load(ordering: .acquiring) == 0
-            && connection.requestsInProgress.load(ordering: .acquiring) == 0
+            && connection.requestsInHandler.load(ordering: .acquiring) == 0
     }
 
     /// Whether the client at the other end of `descriptor` has closed its
@@ -675,7 +677,6 @@ public final class HTTPServer: @unchecked Sendable {
         state.connection?.waitingSince.store(MonotonicClock.now(), ordering: .releasing)
         if state.processing {
             HTTPServer.server(context).processing.subtract(1, ordering: .acquiringAndReleasing)
-            state.connection?.requestsInProgress.subtract(1, ordering: .acquiringAndReleasing)
         }
     }
 
@@ -899,7 +900,8 @@ public final class HTTPServer: @unchecked Sendable {
         }
         state.processing = true
         server.processing.add(1, ordering: .acquiringAndReleasing)
-        state.connection?.requestsInProgress.add(1, ordering: .acquiringAndReleasing)
+        state.connection?.requestsInHandler.add(1, ordering: .acquiringAndReleasing)
+        defer { state.connection?.requestsInHandler.subtract(1, ordering: .acquiringAndReleasing) }
         // The request is in: its arrival deadline no longer applies (signing
         // has its own timeout). Cleared after `processing` counts it, so that
         // a drain never sees it in neither.
