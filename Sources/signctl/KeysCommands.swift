@@ -9,8 +9,10 @@ func exitCode(for error: HSMError) -> ExitCode {
     case .keyNotFound, .keyExists, .keyDuplicate, .keyInvalid, .verificationFailed: .dataError
     case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
     case .pinRejected: .noPermission
-    case .tokenNotFound, .tokenUnavailable, .sessionUnavailable: .unavailable
-    default: .failure
+    // token_not_found, token_unavailable, session_unavailable, sign_timeout
+    // and pkcs11_failure (C_Initialize refused, a device error): the token or
+    // its module cannot serve, as signerd's exit 69 says for the same faults.
+    default: .unavailable
     }
 }
 
@@ -28,8 +30,22 @@ func hint(for error: HSMError) -> String? {
     case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made"
     case .pinSourceInsecure: "chmod 0600 the PIN file"
     case .pinSourceUnreadable: "the PIN file must be a regular file this user can read, with the PIN alone on one line"
+    case .pkcs11Failure: pkcs11FailureHint(function: error.function)
     default: nil
     }
+}
+
+/// What to check when the module itself failed. Before a token is found
+/// (`C_Initialize`, `C_GetSlotList`) that is the module and its own
+/// configuration, which for SoftHSM is the file `SOFTHSM2_CONF` names.
+func pkcs11FailureHint(function: String?) -> String {
+    let starting: Set<String?> = [PKCS11Function.initialize.rawValue, PKCS11Function.getSlotList.rawValue]
+    guard starting.contains(function) else {
+        return "the token or its module failed: check the device (or the network path to the HSM) and the module's own logs, then try again"
+    }
+    let conf = ProcessInfo.processInfo.environment["SOFTHSM2_CONF"].map { "SOFTHSM2_CONF is \($0)" } ?? "SOFTHSM2_CONF is not set (SoftHSM then reads /etc/softhsm/softhsm2.conf)"
+    return "the PKCS#11 module could not start: check module-path in token_uri and the module's own configuration; "
+        + "for SoftHSM, SOFTHSM2_CONF must name a readable softhsm2.conf whose directories.tokendir exists (\(conf))"
 }
 
 /// Opens the token of the configuration; signctl logs only warnings and worse.

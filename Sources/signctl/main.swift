@@ -45,7 +45,8 @@ Options:
   --config FILE          configuration (default \(SignerConfiguration.defaultPath))
   -h, --help             this help
 
-Exit codes: 0 ok, 64 usage, 65 bad data, 69 unavailable, 75 try again, 77 no permission, 78 configuration.
+Exit codes: 0 ok, 64 usage, 65 bad data, 69 unavailable (daemon, token or module), 70 internal error (signerd answered 500),
+75 try again, 77 no permission, 78 configuration.
 """
 
 /// Fails a command with an exit code and a message for stderr.
@@ -166,8 +167,13 @@ do {
 } catch let error as CryptoError {
     writeError(error.description)
     code = .dataError
+} catch let error as BenchmarkError {
+    // bench's --key-id names no configured key, or the key has no public key for --verify.
+    writeError(error.description)
+    code = .dataError
 } catch {
+    // Every error signctl expects is caught above; anything else is its own fault.
     writeError("\(error)")
-    code = .failure
+    code = .software
 }
 exit(code.rawValue)

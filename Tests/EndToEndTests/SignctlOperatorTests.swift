@@ -371,3 +371,36 @@ struct SignctlHintTests {
         #expect(absent.stderr.contains("hint: is signerd running"), "\(absent.stderr)")
     }
 }
+
+/// Failures that fell through to exit 1, which no table documents.
+@Suite("signctl: every failure has a documented exit code")
+struct SignctlExitCodeTests {
+    /// `SOFTHSM2_CONF=/nonexist.conf signctl keys list` printed
+    /// `pkcs11_failure: … C_Initialize returned CKR_GENERAL_ERROR`, exit 1,
+    /// and nothing on what to check; signerd exits 69 for the same.
+    @Test("a module that cannot start (SOFTHSM2_CONF naming no file) is 69 with a hint naming SOFTHSM2_CONF and module-path")
+    func moduleCannotStart() throws {
+        let hsm = try FreeSoftHSM()
+        let config = try hsm.config(label: "absent", pinPath: try hsm.pinFile("pin", "12345678"))
+        let missing = hsm.directory + "/nonexist.conf"
+        let failed = runSignctl(["--config", config, "keys", "list"], environment: ["SOFTHSM2_CONF": missing])
+        #expect(failed.status == 69, "\(failed.stderr)")
+        #expect(failed.stderr.hasPrefix("error: pkcs11_failure: ") && failed.stderr.contains("C_Initialize returned CKR_GENERAL_ERROR"), "\(failed.stderr)")
+        #expect(failed.stderr.contains("\nhint: the PKCS#11 module could not start: check module-path"), "\(failed.stderr)")
+        #expect(failed.stderr.contains("SOFTHSM2_CONF is \(missing)"), "\(failed.stderr)")
+    }
+
+    /// A bench whose requests all failed exited 1.
+    @Test("bench with failed requests exits 69; --key-id of a key the daemon does not serve is 65")
+    func benchFailures() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let refused = daemon.signctlStatus(["bench", "--requests", "3", "--concurrency", "1", "--bundle-id", "com.example.notallowed"])
+        #expect(refused.0 == 69, "\(refused.1)")
+        #expect(refused.1.contains("errors: bundle_not_allowed 3"), "\(refused.1)")
+        let unknownKey = daemon.signctlStatus(["bench", "--requests", "1", "--key-id", "NOTSERVED1"])
+        #expect(unknownKey.0 == 65, "\(unknownKey.1)")
+        #expect(unknownKey.1.contains("error: no configured key NOTSERVED1 is listed by /v1/keys"), "\(unknownKey.1)")
+    }
+}
