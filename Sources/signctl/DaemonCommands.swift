@@ -8,14 +8,22 @@ func client(configPath: String) throws -> SignerClient {
     return SignerClient(socketPath: config.socketPath, timeout: 30)
 }
 
-/// Sends a request; maps an unreachable daemon to exit 69.
+/// Sends a request; maps an unreachable daemon to ``unreachable(_:socketPath:)``.
 func call(_ client: SignerClient, _ method: String, _ path: String, body: [UInt8]? = nil) throws -> ClientResponse {
     do {
         return try client.send(method, path, body: body)
     } catch {
-        throw CommandFailure(.unavailable, "signerd is not reachable at \(client.socketPath): \(error.message)",
-                             hint: unreachableHint(error, socketPath: client.socketPath))
+        throw unreachable(error, socketPath: client.socketPath)
     }
+}
+
+/// The failure for a socket signctl could not use: exit 77 when this user
+/// may not connect to it (`EACCES`, `EPERM`: no permission, as for a 403),
+/// else 69 (signerd not running or not answering), with
+/// ``unreachableHint(_:socketPath:)``.
+func unreachable(_ error: SocketError, socketPath: String) -> CommandFailure {
+    let code: ExitCode = error.errno == EACCES || error.errno == EPERM ? .noPermission : .unavailable
+    return CommandFailure(code, "signerd is not reachable at \(socketPath): \(error.message)", hint: unreachableHint(error, socketPath: socketPath))
 }
 
 /// What to do about a socket signctl could not use, by the reason. For a
@@ -29,9 +37,14 @@ func unreachableHint(_ error: SocketError, socketPath: String) -> String {
             return "this user may not reach \(socketPath): check the directories above it, and the socket's group and mode (socket_group, socket_mode)"
         }
         let group = getgrgid(info.st_gid).map { String(cString: $0.pointee.gr_name) } ?? String(info.st_gid)
-        return "this user may not connect: \(socketPath) belongs to group \(group) with mode \(String(info.st_mode & 0o777, radix: 8)) "
+        let owner = "this user may not connect: \(socketPath) belongs to group \(group) with mode \(String(info.st_mode & 0o777, radix: 8)) "
             + "(the shipped signerd.socket makes it signerd-clients, 0660; socket_group and socket_mode in the configuration without socket activation); "
-            + "add the user to \(group) (usermod -aG \(group) USER, then log in again) or run as root"
+        // Membership of gid 0 opens every root-group file on the host: never the advice.
+        guard info.st_gid != 0 else {
+            return owner + "run signctl as root, or set socket_group in signerd's configuration (SocketGroup= with signerd.socket) to a group "
+                + "for its clients, such as signerd-clients, restart signerd, and add the user to that group"
+        }
+        return owner + "add the user to \(group) (usermod -aG \(group) USER, then log in again) or run as root"
     case ENOENT, ECONNREFUSED:
         return "is signerd running (systemctl status signerd)? signctl connects to socket_path of --config FILE"
     default:
@@ -56,7 +69,7 @@ func failure(from response: ClientResponse) -> CommandFailure {
 func health(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: [], flags: ["json"])
     if arguments.flag("help") {
-        print("usage: signctl health [--json]\n\nAsks signerd's /readyz: every configured key signs a test digest that must verify.\nExit 0 ready, 69 not ready or unreachable, 75 rate limited (429), 77 not allowed (403).")
+        print("usage: signctl health [--json]\n\nAsks signerd's /readyz: every configured key signs a test digest that must verify.\nExit 0 ready, 69 not ready or unreachable, 75 rate limited (429), 77 not allowed (403, or no permission on the socket).")
         return .success
     }
     _ = try arguments.positionals(0, "")
@@ -66,12 +79,13 @@ func health(_ words: [String], configPath: String) throws -> ExitCode {
     do {
         response = try client.send("GET", "/readyz")
     } catch {
+        let failure = unreachable(error, socketPath: config.socketPath)
         if arguments.flag("json") {
             printJSON(["status": "unreachable", "reason": error.message])
         } else {
-            writeError("signerd is not reachable at \(config.socketPath): \(error.message)", hint: unreachableHint(error, socketPath: config.socketPath))
+            writeError(failure.message, hint: failure.hint)
         }
-        return .unavailable
+        return failure.code
     }
     guard let readiness = try? response.decode(ReadinessResponse.self) else {
         throw failure(from: response)
@@ -371,7 +385,7 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
             report = try LoadGenerator(socketPath: config.socketPath, endpoint: endpoint, concurrency: concurrency, length: length,
                                        verify: arguments.flag("verify"), bundleID: arguments.options["bundle-id"], keyID: arguments.options["key-id"]).run()
         } catch let error as SocketError {
-            throw CommandFailure(.unavailable, "signerd is not reachable at \(config.socketPath): \(error.message)", hint: unreachableHint(error, socketPath: config.socketPath))
+            throw unreachable(error, socketPath: config.socketPath)
         }
     }
     if arguments.flag("json") {

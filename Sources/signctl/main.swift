@@ -24,6 +24,7 @@ Token and keys (talk to the PKCS#11 token named by token_uri in the config):
 
 Daemon (talk to signerd over its Unix socket, socket_path in the config):
   health [--json]        readiness; exit 0 ready, 69 not ready or unreachable, 75 rate limited, 77 not allowed
+                         (403, or this user may not connect to the socket)
   sign promotional-offer --bundle-id B --product-id P --offer-id O [--key-id K]
                          [--app-account-token UUID] [--nonce UUID] [--timestamp MS] [--json]
   sign promotional-offer-v2 --bundle-id B --product-id P --offer-id O [--transaction-id T] [--key-id K] [--json]

@@ -338,29 +338,41 @@ struct SignctlHintTests {
         || (FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") && runSignctlUnprivileged(["--help"]).status == 0)
 
     /// `signctl health` by a user outside the socket's group exited 69 with
-    /// "Permission denied" and no word on what decides who may connect.
-    @Test("health on a socket this user may not open names socket_group/socket_mode and signerd-clients; a missing socket asks whether signerd runs",
+    /// "Permission denied" and no word on what decides who may connect. Then
+    /// it exited 69 (unavailable) where 77 means no permission, and for a
+    /// socket of group root it advised `usermod -aG root`.
+    @Test("a socket this user may not open is 77, naming socket_group/socket_mode and signerd-clients, never advising the root group; a missing socket asks whether signerd runs",
           .enabled(if: unprivilegedCallerAvailable, "needs a non-root user, or root with setpriv(1) and a signctl binary uid 65534 may run"))
     func socketPermissionHint() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-sockperm")
         chmod(directory, 0o755)
-        let socketPath = directory + "/signerd.sock"
-        let listener = try UnixListener.bind(path: socketPath, mode: 0o000, group: nil)
-        defer { close(listener) }
-        let config = directory + "/signerd.json"
-        try #"{"token_uri": "pkcs11:token=t?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent/pin", "socket_path": "\#(socketPath)"}"#
-            .write(toFile: config, atomically: false, encoding: .utf8)
-        chmod(config, 0o644)
-        for command in [["health"], ["sign", "promotional-offer", "--bundle-id", "b", "--product-id", "p", "--offer-id", "o"]] {
-            let refused = SignctlHintTests.runSignctlUnprivileged(["--config", config] + command)
-            #expect(refused.status == 69, "\(command): \(refused.stderr)")
-            #expect(refused.stderr.contains("cannot connect to \(socketPath): Permission denied"), "\(refused.stderr)")
-            #expect(refused.stderr.contains("hint: this user may not connect"), "\(command): \(refused.stderr)")
-            // The socket's own group and mode, not only the shipped ones: a hand-bound socket may have others.
-            let group = getgrgid(getgid()).map { String(cString: $0.pointee.gr_name) } ?? "\(getgid())"
-            #expect(refused.stderr.contains("belongs to group \(group) with mode 0"), "\(command): \(refused.stderr)")
-            for word in ["socket_group", "socket_mode", "signerd-clients"] {
-                #expect(refused.stderr.contains(word), "\(command): \(word) in \(refused.stderr)")
+        // This process's group (root's is gid 0), and as root also one the caller may join.
+        for socketGroup in [nil] + (getuid() == 0 ? ["65534"] : []) {
+            let socketPath = directory + "/signerd-\(socketGroup ?? "own").sock"
+            let listener = try UnixListener.bind(path: socketPath, mode: 0o000, group: socketGroup)
+            defer { close(listener) }
+            let config = directory + "/signerd.json"
+            try #"{"token_uri": "pkcs11:token=t?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent/pin", "socket_path": "\#(socketPath)"}"#
+                .write(toFile: config, atomically: false, encoding: .utf8)
+            chmod(config, 0o644)
+            let gid = socketGroup.flatMap { gid_t($0) } ?? getgid()
+            let group = getgrgid(gid).map { String(cString: $0.pointee.gr_name) } ?? "\(gid)"
+            for command in [["health"], ["sign", "promotional-offer", "--bundle-id", "b", "--product-id", "p", "--offer-id", "o"]] {
+                let refused = SignctlHintTests.runSignctlUnprivileged(["--config", config] + command)
+                #expect(refused.status == 77, "\(command): \(refused.stderr)")
+                #expect(refused.stderr.contains("cannot connect to \(socketPath): Permission denied"), "\(refused.stderr)")
+                #expect(refused.stderr.contains("hint: this user may not connect"), "\(command): \(refused.stderr)")
+                // The socket's own group and mode, not only the shipped ones: a hand-bound socket may have others.
+                #expect(refused.stderr.contains("belongs to group \(group) with mode 0"), "\(command): \(refused.stderr)")
+                for word in ["socket_group", "socket_mode", "signerd-clients"] {
+                    #expect(refused.stderr.contains(word), "\(command): \(word) in \(refused.stderr)")
+                }
+                if gid == 0 {
+                    #expect(!refused.stderr.contains("usermod"), "never add a user to the root group: \(refused.stderr)")
+                    #expect(refused.stderr.contains("run signctl as root, or set socket_group in signerd's configuration"), "\(refused.stderr)")
+                } else {
+                    #expect(refused.stderr.contains("usermod -aG \(group) USER"), "\(refused.stderr)")
+                }
             }
         }
         let missingConfig = directory + "/missing.json"
