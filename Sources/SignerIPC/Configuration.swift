@@ -162,6 +162,7 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// - Parameter path: the JSON file.
     /// - Throws: ``ConfigurationError`` naming the key at fault.
     public static func load(path: String) throws(ConfigurationError) -> SignerConfiguration {
+        try checkRegularFile(path)
         let data: Data
         do {
             data = try Data(contentsOf: URL(fileURLWithPath: path))
@@ -175,6 +176,30 @@ public struct SignerConfiguration: Sendable, Equatable {
         } catch {
             throw ConfigurationError("\(path): \(error.message)")
         }
+    }
+
+    /// Refuses a path that is not a regular file before it is read, with
+    /// the path and what it is: Foundation says "error 256" for a directory,
+    /// and "You don't have permission" for a FIFO, even to root, whose
+    /// open(2) would wait for a writer besides.
+    /// - Parameter path: the configuration file (symbolic links followed).
+    /// - Throws: ``ConfigurationError`` when `stat(2)` fails (with its
+    ///   reason, such as "No such file or directory") or the file is not regular.
+    static func checkRegularFile(_ path: String) throws(ConfigurationError) {
+        var info = stat()
+        guard stat(path, &info) == 0 else {
+            throw ConfigurationError("cannot read the configuration file \(path): \(String(cString: strerror(errno)))")
+        }
+        let kind: String
+        switch info.st_mode & S_IFMT {
+        case S_IFREG: return
+        case S_IFDIR: throw ConfigurationError("the configuration file \(path) is a directory, not a file; pass the JSON file itself (e.g. \(defaultPath))")
+        case S_IFIFO: kind = "a FIFO (named pipe)"
+        case S_IFSOCK: kind = "a socket"
+        case S_IFCHR, S_IFBLK: kind = "a device"
+        default: kind = "not a file"
+        }
+        throw ConfigurationError("the configuration file \(path) is not a regular file (it is \(kind)); pass a JSON file")
     }
 
     /// Parses and checks configuration JSON.

@@ -73,13 +73,7 @@ struct CheckConfigTests {
         let daemon = try DaemonHarness(keyIDs: [])
         let pin = try pinPath(daemon)
         let fifo = daemon.directory + "/pin-fifo"
-        #expect(mkfifo(fifo, 0o600) == 0)
-        // Should the check wait for a writer, this one comes after 10 s, closing at once (EOF), so the test ends.
-        OSThread.start {
-            usleep(10_000_000)
-            let fd = open(fifo, O_WRONLY | O_NONBLOCK)
-            if fd >= 0 { close(fd) }
-        }
+        #expect(makeFIFO(fifo))
         let started = Date()
         let checked = try checkConfig(daemon) { $0.replacingOccurrences(of: pin, with: fifo) }
         #expect(Date().timeIntervalSince(started) < 5, "waited for a writer")
@@ -236,5 +230,28 @@ struct SocketGroupMembershipTests {
         let own = try check(group: "65534")
         #expect(own.status == 0, "\(own.stderr)")
         #expect(!own.stdout.contains("socket_group_not_joined"), "\(own.stdout)")
+    }
+}
+
+/// `--config` naming a directory or a FIFO: signerd and signctl said
+/// "NSCocoaErrorDomain error 256" or "You don't have permission".
+@Suite("a configuration path that is not a regular file")
+struct ConfigurationNotAFileTests {
+    @Test("signerd --check-config, signerd and signctl exit 78 saying what the path is")
+    func notAFile() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-confkind")
+        let fifo = directory + "/fifo.json"
+        #expect(makeFIFO(fifo))
+        for (path, says) in [(directory, "\(directory) is a directory, not a file"), (fifo, "\(fifo) is not a regular file (it is a FIFO (named pipe))")] {
+            let checked = runProgram(Binaries.signerd, ["--config", path, "--check-config"])
+            #expect(checked.status == 78, "\(checked.stderr)")
+            #expect(checked.stderr.hasPrefix("error: config_invalid: the configuration file \(says)"), "\(checked.stderr)")
+            let started = runProgram(Binaries.signerd, ["--config", path])
+            #expect(started.status == 78, "\(started.stderr)")
+            #expect(started.stderr.contains("\"config_invalid\"") && started.stderr.contains(says), "\(started.stderr)")
+            let listed = runSignctl(["--config", path, "keys", "list"])
+            #expect(listed.status == 78, "\(listed.stderr)")
+            #expect(listed.stderr.hasPrefix("error: the configuration file \(says)"), "\(listed.stderr)")
+        }
     }
 }

@@ -1,6 +1,7 @@
 import Foundation
 import HSMSigner
 import SignerIPC
+import TestSupport
 import Testing
 
 @Suite("Configuration file")
@@ -265,5 +266,28 @@ struct ProcessHardeningTests {
         let limits = try String(contentsOfFile: "/proc/self/limits", encoding: .utf8)
         let core = try #require(limits.split(separator: "\n").first { $0.hasPrefix("Max core file size") })
         #expect(core.split(separator: " ", omittingEmptySubsequences: true).dropFirst(4).prefix(2) == ["0", "0"])
+    }
+}
+
+/// A configuration path that is not a regular file: a directory gave
+/// "NSCocoaErrorDomain error 256", a FIFO "You don't have permission" even
+/// to root (and reading one may wait for a writer).
+@Suite("Configuration file that is not a regular file")
+struct ConfigurationFileKindTests {
+    @Test("a directory is named as one, with its path")
+    func directory() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-confdir")
+        let error = #expect(throws: ConfigurationError.self) { try SignerConfiguration.load(path: directory) }
+        #expect(error?.message == "the configuration file \(directory) is a directory, not a file; pass the JSON file itself (e.g. /etc/signerd/signerd.json)", "\(error?.message ?? "no error")")
+    }
+
+    @Test("a FIFO is not a regular file, refused at once without waiting for a writer")
+    func fifo() throws {
+        let fifo = TemporaryDirectory.make(prefix: "signerd-conffifo") + "/signerd.json"
+        #expect(makeFIFO(fifo))
+        let started = Date()
+        let error = #expect(throws: ConfigurationError.self) { try SignerConfiguration.load(path: fifo) }
+        #expect(Date().timeIntervalSince(started) < 5, "waited for a writer")
+        #expect(error?.message == "the configuration file \(fifo) is not a regular file (it is a FIFO (named pipe)); pass a JSON file", "\(error?.message ?? "no error")")
     }
 }

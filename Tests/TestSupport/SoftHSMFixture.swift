@@ -107,6 +107,20 @@ public func writeSecretFile(_ path: String, _ contents: String, mode: mode_t = 0
     guard write(fd, bytes, bytes.count) == bytes.count else { throw FixtureError("cannot write \(path)") }
 }
 
+/// Makes a FIFO (mode 0600) for a test that a reader must not wait on. Should
+/// the code under test wait for a writer all the same, one comes after
+/// `seconds` and closes at once (end of file), so the test fails rather than hangs.
+/// - Returns: whether mkfifo(3) made it.
+public func makeFIFO(_ path: String, writerAfter seconds: UInt32 = 10) -> Bool {
+    guard mkfifo(path, 0o600) == 0 else { return false }
+    Thread.detachNewThread {
+        sleep(seconds)
+        let fd = open(path, O_WRONLY | O_NONBLOCK)
+        if fd >= 0 { close(fd) }
+    }
+    return true
+}
+
 /// Runs a command and returns its standard output; throws on a non-zero exit.
 @discardableResult
 public func run(_ arguments: [String], input: Data? = nil, environment: [String: String]? = nil) throws -> Data {
