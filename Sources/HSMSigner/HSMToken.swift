@@ -169,7 +169,7 @@ public final class HSMToken: @unchecked Sendable {
         self.uri = uri
         self.options = options
         if uri.hasPINValue {
-            options.logger.warning("pin_value_in_uri", ["hint": "use pin-source=file:/path with mode 0600 instead of pin-value"])
+            options.logger.warning("pin_value_in_uri", ["hint": .string(PKCS11URI.pinValueHint)])
         }
         let pin = try uri.readPIN()
         self.pin = Locked(pin)

@@ -42,6 +42,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     public let pinSource: String?
     /// Whether the URI carries the PIN itself (`pin-value`).
     public let hasPINValue: Bool
+    /// What to do about a URI that carries the PIN (``hasPINValue``): the
+    /// hint of the `pin_value_in_uri` warning, at start and from `--check-config`.
+    public static let pinValueHint = "use pin-source=file:/path with mode 0600 instead of pin-value"
 
     /// Parses `text`.
     /// - Parameter text: a `pkcs11:` URI.

@@ -273,6 +273,10 @@ public struct SignerConfiguration: Sendable, Equatable {
             guard let value = UInt32(mode, radix: 8), value <= 0o777 else {
                 throw ConfigurationError("socket_mode must be an octal string such as \"0660\"; got \(mode)")
             }
+            // Without them signerd's own uid (its systemd watchdog check among others) cannot connect.
+            guard value & 0o600 == 0o600 else {
+                throw ConfigurationError("socket_mode must let the socket's owner, signerd's user, read and write (0600 at least; 0660 is usual); got \(mode)")
+            }
             config.socketMode = value
         }
         config.socketGroup = try reader.optionalString("socket_group")

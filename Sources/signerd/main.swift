@@ -14,7 +14,8 @@ usage: signerd [--config FILE] [--check-config]
 
   --config FILE    configuration (default \(SignerConfiguration.defaultPath))
   --check-config   check the configuration file, the module file and the PIN
-                   file, without opening the token, and exit (0 valid, 78 invalid)
+                   file, without opening the token, and exit (0 valid, 78 invalid);
+                   warnings (a pin-value, a socket directory not made yet) keep 0
   -h, --help       this help
 
 Signals: SIGTERM/SIGINT stop accepting, finish requests in flight, exit 0;
@@ -29,6 +30,21 @@ func fail(_ code: ExitCode, _ message: String, logger: Logger? = nil, _ metadata
         FileHandle.standardError.write(Data("error: \(message)\n".utf8))
     }
     exit(code.rawValue)
+}
+
+/// Why the directory `socket_path` goes in cannot take the socket now: it
+/// does not exist, or is not a directory; nil when it is one.
+/// - Parameter socketPath: an absolute path (the configuration checks it).
+func socketDirectoryProblem(_ socketPath: String) -> String? {
+    let directory = (socketPath as NSString).deletingLastPathComponent
+    var info = stat()
+    guard stat(directory, &info) == 0 else {
+        return "the directory \(directory) of socket_path \(socketPath) cannot be used: \(String(cString: strerror(errno)))"
+    }
+    guard info.st_mode & S_IFMT == S_IFDIR else {
+        return "\(directory), the directory of socket_path \(socketPath), is not a directory"
+    }
+    return nil
 }
 
 /// "1 key", "2 keys": for systemd's STATUS= line.
@@ -135,14 +151,22 @@ func runDaemon() -> Never {
     if checkOnly {
         // The files opening the token needs, short of loading the module or logging in.
         let unchecked: [String]
+        let uri: PKCS11URI
         do throws(HSMError) {
-            unchecked = try PKCS11URI(configuration.tokenURI).checkFilesBeforeOpening()
+            uri = try PKCS11URI(configuration.tokenURI)
+            unchecked = try uri.checkFilesBeforeOpening()
         } catch {
             fail(.config, "config_invalid: \(configPath): \(error.description)")
         }
         print("configuration \(configPath) is valid")
         for note in unchecked { print("note: \(note)") }
         for advisory in configuration.advisories { print("warning: \(advisory.event): \(advisory.hint)") }
+        if uri.hasPINValue { print("warning: pin_value_in_uri: \(PKCS11URI.pinValueHint)") }
+        if let problem = socketDirectoryProblem(configuration.socketPath) {
+            // A warning, not an error: RuntimeDirectory= makes /run/signerd only when the service starts.
+            print("warning: socket_directory_missing: \(problem): binding the socket will fail with exit 69 unless it is made first "
+                + "(the shipped unit's RuntimeDirectory=signerd makes /run/signerd when the service starts; with signerd.socket, systemd binds it)")
+        }
         if let group = configuration.socketGroup, !UnixListener.mayGiveSocket(toGroup: group) {
             print("warning: socket_group_not_joined: this user (uid \(geteuid())) is not a member of socket_group \(group): binding the socket itself "
                 + "(without signerd.socket) will fail with exit 69; add the user to \(group), or start signerd through signerd.socket")

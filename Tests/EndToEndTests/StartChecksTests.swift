@@ -97,6 +97,34 @@ struct CheckConfigTests {
         #expect(checked.stdout.contains("note: module-path=p11-kit-trust.so is relative"), "\(checked.stdout)")
     }
 
+    /// `--check-config` passed files the start then failed on (a socket
+    /// mode that shuts out signerd's own user), and said nothing of a
+    /// missing socket directory or a PIN in the URI, which the start logs.
+    @Test("a socket_mode without owner read and write is 78; a pin-value and a missing socket directory are warnings, exit 0")
+    func socketAndPINValue() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        try daemon.writeConfig(["socket_mode": "0000"])
+        let closed = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"])
+        #expect(closed.status == 78, "\(closed.stdout)")
+        #expect(closed.stderr.hasPrefix("error: config_invalid: ") && closed.stderr.contains("socket_mode must let the socket's owner"), "\(closed.stderr)")
+
+        let absent = daemon.directory + "/no-such-dir"
+        try daemon.writeConfig(["socket_path": absent + "/signerd.sock"])
+        let noDirectory = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"])
+        #expect(noDirectory.status == 0, "\(noDirectory.stderr)")
+        #expect(noDirectory.stdout.contains("warning: socket_directory_missing: the directory \(absent) of socket_path"), "\(noDirectory.stdout)")
+        #expect(noDirectory.stdout.contains("No such file or directory") && noDirectory.stdout.contains("RuntimeDirectory="), "\(noDirectory.stdout)")
+
+        let pin = try String(contentsOfFile: pinPath(daemon), encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let inURI = try checkConfig(daemon) { uri in
+            uri.split(separator: "&", omittingEmptySubsequences: false).map { $0.hasPrefix("pin-source=") ? "pin-value=\(pin)" : String($0) }.joined(separator: "&")
+        }
+        #expect(inURI.status == 0, "\(inURI.stderr)")
+        #expect(inURI.stdout.contains("warning: pin_value_in_uri: use pin-source=file:/path with mode 0600 instead of pin-value"), "\(inURI.stdout)")
+        #expect(!inURI.stdout.contains("socket_directory_missing"), "the harness's socket directory exists: \(inURI.stdout)")
+        #expect(!inURI.stdout.contains(pin) && !inURI.stderr.contains(pin), "no PIN in the output")
+    }
+
     @Test("a PIN file from LoadCredential= is left to the service's start, with a note, outside the service")
     func credentialsOutsideTheService() throws {
         let daemon = try DaemonHarness(keyIDs: [])

@@ -78,6 +78,8 @@ struct ConfigurationTests {
         ("{\"token_uri\": \"\(uri)\", \"socket_pth\": \"/x\"}", "socket_pth"),
         ("{\"token_uri\": \"pkcs11:token=a\"}", "token_uri"),
         ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"rw\"}", "socket_mode"),
+        ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"0000\"}", "socket_mode must let the socket's owner, signerd's user, read and write"),
+        ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"0460\"}", "socket_mode must let the socket's owner"),
         ("{\"token_uri\": \"\(uri)\", \"socket_path\": \"relative.sock\"}", "socket_path"),
         ("{\"token_uri\": \"\(uri)\", \"session_pool_size\": 0}", "session_pool_size"),
         ("{\"token_uri\": \"\(uri)\", \"session_pool_size\": \"8\"}", "session_pool_size"),
