@@ -90,14 +90,15 @@ func pinSourceHint(_ pinSource: String?, configPath: String) -> String {
 func tokenInit(_ words: [String]) throws -> ExitCode {
     let arguments = try Arguments(words, options: ["label", "pin-file", "so-pin-file", "module"], flags: [])
     if arguments.flag("help") {
-        print("usage: signctl token init --label LABEL --pin-file F --so-pin-file F [--module PATH]\n\nInitializes a free token (SoftHSM) and sets its PINs, read from files (mode 0600).\nIdempotent: an initialized token with the label is left alone; one without a user PIN gets it.\nBoth PINs are checked against the token's PIN length limits before anything changes.")
+        print("usage: signctl token init --label LABEL --pin-file F --so-pin-file F [--module PATH]\n\nInitializes a free token (SoftHSM) and sets its PINs, read from files (mode 0600).\nIdempotent: an initialized token with the label is left alone; one without a user PIN gets it.\nBoth PINs are checked against the token's PIN length limits before anything changes.\nThe same PIN as user and SO PIN is allowed, with a warning on stderr.")
         return .success
     }
     _ = try arguments.positionals(0, "")
     let label = try arguments.required("label")
     let module = arguments.options["module"] ?? "/usr/lib/softhsm/libsofthsm2.so"
-    let soPIN = try TokenAdministration.readPINFile(try arguments.required("so-pin-file"))
-    let userPIN = try TokenAdministration.readPINFile(try arguments.required("pin-file"))
+    let (soPINFile, userPINFile) = (try arguments.required("so-pin-file"), try arguments.required("pin-file"))
+    let soPIN = try TokenAdministration.readPINFile(soPINFile)
+    let userPIN = try TokenAdministration.readPINFile(userPINFile)
     let outcome = try ProcessControl.holdingTerminationSignals {
         try TokenAdministration.initializeToken(modulePath: module, label: label, soPIN: soPIN, userPIN: userPIN)
     }
@@ -105,6 +106,12 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     case .initialized(let serial): print("initialized token \(label) (serial \(serial))")
     case .alreadyInitialized(let serial): print("token \(label) already initialized (serial \(serial)); left unchanged")
     case .userPINSet(let serial): print("token \(label) was initialized without a user PIN (serial \(serial)); set the user PIN")
+    }
+    // Allowed (a development token), but whoever holds the user PIN can then
+    // also act as security officer: set a new user PIN, or wipe the token.
+    if soPIN.hasSameBytes(as: userPIN) {
+        FileHandle.standardError.write(Data(("warning: the user PIN (--pin-file \(userPINFile)) and the SO PIN (--so-pin-file \(soPINFile)) are the same: "
+            + "whoever can log in as the user can also act as security officer (C_InitPIN, C_InitToken); use a different SO PIN, kept apart from signerd's files\n").utf8))
     }
     return .success
 }
@@ -125,11 +132,22 @@ func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
         passes it the PIN with LoadCredential=, as the shipped unit does: a reload would read
         systemd's old copy; reload it when its pin-source names the file itself. It keeps its
         login until then, but could not log in again with the old PIN.
+        A new PIN equal to the current one is refused (exit 65) before the token is touched.
         """)
         return .success
     }
     _ = try arguments.positionals(0, "")
-    let newPIN = try TokenAdministration.readPINFile(try arguments.required("new-pin-file"))
+    let newPINFile = try arguments.required("new-pin-file")
+    let newPIN = try TokenAdministration.readPINFile(newPINFile)
+    // C_SetPIN would take the PIN the token has already: refused here, before
+    // any login, as the file's fault (a PIN source signctl cannot read is
+    // left to openToken, which says why).
+    let uri = try PKCS11URI(try loadConfiguration(configPath).tokenURI)
+    if let current = try? uri.readPIN(), current.hasSameBytes(as: newPIN) {
+        let source = uri.pinSource.flatMap(PKCS11URI.pinFilePath).map { "the PIN file \($0)" } ?? "the pin-value"
+        throw CommandFailure(.dataError, "the new PIN (--new-pin-file \(newPINFile)) is the same as the current one, from \(source) that token_uri of \(configPath) names; nothing was sent to the token",
+                             hint: "write the new PIN, different from the current one, into \(newPINFile)")
+    }
     let token = try openToken(configPath: configPath)
     defer { token.close() }
     try ProcessControl.holdingTerminationSignals { try token.changeUserPIN(to: newPIN) }

@@ -80,6 +80,20 @@ struct SignctlTokenInitTests {
         #expect(list.stdout.contains("no keys on token short"))
     }
 
+    @Test("the same PIN file for the user and the SO PIN initializes the token with a warning on stderr")
+    func samePINs() throws {
+        let hsm = try FreeSoftHSM()
+        let pin = try hsm.pinFile("both-pin", "12345678")
+        let done = runSignctl(["token", "init", "--label", "same", "--pin-file", pin, "--so-pin-file", pin, "--module", hsm.modulePath], environment: hsm.environment)
+        #expect(done.status == 0, "\(done.stderr)")
+        #expect(done.stdout.hasPrefix("initialized token same"), "\(done.stdout)")
+        #expect(done.stderr.hasPrefix("warning: the user PIN (--pin-file \(pin)) and the SO PIN (--so-pin-file \(pin)) are the same: "), "\(done.stderr)")
+        #expect(!done.stderr.contains("12345678"), "the PIN is never shown")
+        let other = try hsm.pinFile("so-pin", "87654321")
+        let apart = runSignctl(["token", "init", "--label", "apart", "--pin-file", pin, "--so-pin-file", other, "--module", hsm.modulePath], environment: hsm.environment)
+        #expect(apart.status == 0 && apart.stderr.isEmpty, "\(apart.stderr)")
+    }
+
     @Test("a token without a user PIN: keys list exits 78 with a hint, and token init sets the user PIN")
     func halfInitialized() throws {
         // C_InitToken alone, in this process through HSMSigner's function table, as the old
