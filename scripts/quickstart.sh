@@ -93,7 +93,7 @@ mv "$config.new" "$config"
 echo "configuration: $config"
 step "5/8 Importing the key into the token (non-extractable, self-tested)"
 "$bin/signctl" --config "$config" keys import --replace --key-id "$key_id" "$key_file"
-[ -n "$p8" ] || echo "(the demo key file stays in $demo for the next run: it is no App Store key; delete .demo to start afresh)"
+[ -n "$p8" ] || echo "(the demo key file stays in $demo for the next run: it is no App Store key; delete $demo to start afresh)"
 "$bin/signctl" --config "$config" keys list
 
 step "6/8 Starting signerd on $socket (log: $demo/signerd.log)"

@@ -1,0 +1,39 @@
+import Foundation
+import TestSupport
+import Testing
+
+/// scripts/quickstart.sh, run end to end on the built debug binaries: a copy
+/// of the script beside the real softhsm-setup.sh, with install-deps.sh and
+/// `swift` (the release build) stubbed out, since those take minutes.
+@Suite("scripts/quickstart.sh")
+struct QuickstartTests {
+    /// With SIGNERD_DEMO_DIR set the script still said "delete .demo to start afresh".
+    @Test("with SIGNERD_DEMO_DIR it signs, verifies, and names that directory, not .demo, to start afresh")
+    func demoDirectoryNamed() throws {
+        let root = TemporaryDirectory.make(prefix: "signerd-quickstart")
+        let scripts = root + "/scripts"
+        let stubs = root + "/stubs"
+        for directory in [scripts, stubs] {
+            try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: true)
+        }
+        for script in ["quickstart.sh", "softhsm-setup.sh"] {
+            try FileManager.default.copyItem(atPath: Binaries.root + "/scripts/" + script, toPath: scripts + "/" + script)
+        }
+        let stubbed = [
+            scripts + "/install-deps.sh": "#!/bin/sh\nexit 0\n",
+            // `swift build -c release --show-bin-path` answers with the binaries the tests use; a build does nothing.
+            stubs + "/swift": "#!/bin/sh\ncase \"$*\" in *--show-bin-path*) echo '\(Binaries.directory)' ;; esac\nexit 0\n",
+        ]
+        for (path, text) in stubbed {
+            try text.write(toFile: path, atomically: false, encoding: .utf8)
+            chmod(path, 0o755)
+        }
+        let demo = root + "/my-demo"
+        let path = stubs + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
+        let result = runProgram("/bin/bash", [scripts + "/quickstart.sh"], environment: ["SIGNERD_DEMO_DIR": demo, "PATH": path])
+        #expect(result.status == 0, "\(result.stdout)\n\(result.stderr)")
+        #expect(result.stdout.contains("Verified OK"), "\(result.stdout)")
+        #expect(result.stdout.contains("delete \(demo) to start afresh"), "\(result.stdout)")
+        #expect(!result.stdout.contains("delete .demo"), "\(result.stdout)")
+    }
+}
