@@ -143,7 +143,7 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
     if arguments.flag("help") {
         print("""
         usage: signctl verify promotional-offer --public-key PEM --bundle-id B --key-id K --product-id P --offer-id O
-               [--app-account-token UUID] --nonce UUID --timestamp MS --signature BASE64
+               [--app-account-token UUID] --nonce UUID --timestamp MS --signature BASE64 [--json]
 
         Rebuilds the payload Apple verifies and checks the signature offline, the way the App Store
         does. Exit 0 valid, 65 invalid (the output says which check failed).

@@ -13,7 +13,7 @@ Token and keys (talk to the PKCS#11 token named by token_uri in the config):
   token change-pin --new-pin-file F
                          change the user PIN (C_SetPIN) from the one token_uri's pin-source gives;
                          then put the new PIN in every PIN file and restart signerd (reload without LoadCredential=)
-  keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] FILE.p8
+  keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] [--json] FILE.p8
                          import an App Store In-App Purchase key (non-extractable, self-tested);
                          a key already on the token under another key ID is refused (65)
   keys list [--json]     key IDs, curve, public key object, CKA_EXTRACTABLE/CKA_SENSITIVE, fingerprint
@@ -33,13 +33,13 @@ Daemon (talk to signerd over its Unix socket, socket_path in the config):
   sign advanced-commerce-request --bundle-id B --request JSON [--key-id K] [--json]
   sign server-api-token --bundle-id B [--ttl-seconds N] [--key-id K] [--json]
   bench [--concurrency N] [--duration S | --requests N] [--endpoint E] [--verify] [--json]
-  bench --direct [--concurrency N] [--duration S | --requests N] [--key-id K] [--json]
+  bench --direct [--concurrency N] [--duration S | --requests N] [--key-id K] [--verify] [--json]
                          load generator over the socket, or the in-process PKCS#11 baseline
 
 Offline checks (no daemon, no token):
   verify promotional-offer --public-key PEM --bundle-id B --key-id K --product-id P --offer-id O
-                         [--app-account-token UUID] --nonce UUID --timestamp MS --signature BASE64
-  verify jws TOKEN --public-key PEM
+                         [--app-account-token UUID] --nonce UUID --timestamp MS --signature BASE64 [--json]
+  verify jws TOKEN --public-key PEM [--json]
                          decode and verify any signerd JWS; prints header and claims
 
 Options:

@@ -239,6 +239,38 @@ struct SignctlCosmeticsTests {
         #expect(process.terminationStatus == 64, "\(stderr)")
         #expect(stderr.contains("error: the argument after --product-id is not valid UTF-8"), "\(stderr)")
     }
+
+    /// `signctl --help` left `--json` out of `keys import`, which takes it.
+    @Test("every command that takes --json lists it in signctl --help and in its own --help; no other command lists it", arguments: [
+        ["token", "init"], ["token", "change-pin"], ["keys", "import"], ["keys", "list"], ["keys", "export-public"], ["keys", "delete"],
+        ["health"], ["sign", "promotional-offer"], ["sign", "promotional-offer-v2"], ["sign", "introductory-offer-eligibility"],
+        ["sign", "advanced-commerce-request"], ["sign", "server-api-token"], ["bench"], ["verify", "promotional-offer"], ["verify", "jws"],
+    ])
+    func jsonListed(_ command: [String]) throws {
+        // A command that does not take --json refuses it (64) before it looks at --help.
+        let own = runSignctl(["--config", "/nonexistent/signerd.json"] + command + ["--json", "--help"])
+        let takesJSON = own.status == 0
+        #expect(takesJSON || own.status == 64, "\(command): \(own.stderr)")
+        if takesJSON { #expect(own.stdout.contains("--json"), "\(command) --help: \(own.stdout)") }
+        // The entries of signctl --help for the command: its first line and the lines indented under it.
+        let usage = runSignctl(["--help"]).stdout.split(separator: "\n", omittingEmptySubsequences: false)
+        var entries: [String] = []
+        var inside = false
+        for line in usage {
+            if line.hasPrefix("  " + command.joined(separator: " ") + " ") {
+                entries.append(String(line))
+                inside = true
+            } else if inside && line.hasPrefix("    ") {
+                entries[entries.count - 1] += "\n" + line
+            } else {
+                inside = false
+            }
+        }
+        try #require(!entries.isEmpty, "\(command) is not in signctl --help")
+        for entry in entries {
+            #expect(entry.contains("[--json]") == takesJSON, "\(command) takes --json: \(takesJSON); signctl --help says: \(entry)")
+        }
+    }
 }
 
 @Suite("signctl keys: a public key object without its private key")
