@@ -151,11 +151,7 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
         return .success
     }
     _ = try arguments.positionals(0, "")
-    let pemPath = try arguments.required("public-key")
-    guard let pem = try? String(contentsOfFile: pemPath, encoding: .utf8) else {
-        throw CommandFailure(.dataError, "cannot read the public key \(pemPath)")
-    }
-    let publicKey = try ECPublicKey(pem: pem)
+    let publicKey = try readPublicKey(try arguments.required("public-key"))
     guard let timestamp = Int64(try arguments.required("timestamp")) else {
         throw UsageError("--timestamp must be UNIX time in milliseconds")
     }
@@ -193,6 +189,29 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
     return valid ? .success : .dataError
 }
 
+/// Reads the PEM file `--public-key` names, saying why when it cannot:
+/// no such file, permission denied, a directory or another file that is
+/// not a regular one (which could block, as a FIFO does), not UTF-8.
+/// - Parameter path: the file.
+/// - Throws: ``CommandFailure`` (65) with the path and the reason;
+///   ``CryptoError`` when the text is not a P-256 public key.
+func readPublicKey(_ path: String) throws -> ECPublicKey {
+    func unreadable(_ reason: String) -> CommandFailure {
+        CommandFailure(.dataError, "cannot read the public key \(path): \(reason)", hint: "pass --public-key with the PEM file signctl keys export-public KEY_ID writes")
+    }
+    var info = stat()
+    guard stat(path, &info) == 0 else { throw unreadable(String(cString: strerror(errno))) }
+    switch info.st_mode & S_IFMT {
+    case S_IFREG: break
+    case S_IFDIR: throw unreadable("it is a directory, not a file")
+    default: throw unreadable("it is not a regular file")
+    }
+    guard let pem = try? String(contentsOfFile: path, encoding: .utf8) else {
+        throw unreadable(access(path, R_OK) != 0 ? String(cString: strerror(errno)) : "it is not UTF-8 text, as a PEM file is")
+    }
+    return try ECPublicKey(pem: pem)
+}
+
 /// What `verify promotional-offer --json` prints: `valid` is a JSON boolean
 /// (the string "false" is truthy to jq -e, JavaScript and Python), and
 /// `problems` an array of sentences.
@@ -218,11 +237,7 @@ func verifyJWS(_ words: [String]) throws -> ExitCode {
         return .success
     }
     let token = try arguments.positionals(1, "the compact JWS").first!  // exactly one
-    let pemPath = try arguments.required("public-key")
-    guard let pem = try? String(contentsOfFile: pemPath, encoding: .utf8) else {
-        throw CommandFailure(.dataError, "cannot read the public key \(pemPath)")
-    }
-    let publicKey = try ECPublicKey(pem: pem)
+    let publicKey = try readPublicKey(try arguments.required("public-key"))
     let decoded: CompactJWS.Decoded
     do {
         decoded = try CompactJWS.decode(token.trimmingCharacters(in: .whitespacesAndNewlines))

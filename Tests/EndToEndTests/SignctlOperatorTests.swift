@@ -371,6 +371,34 @@ struct SignctlHintTests {
         #expect(unnamed.stderr.contains("cannot tell the key ID from the file name"), "\(unnamed.stderr)")
     }
 
+    /// `verify … --public-key /nonexistent` said only "cannot read the public key".
+    @Test("verify says why --public-key cannot be read: no such file, a directory, permission denied (65)")
+    func publicKeyUnreadable() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-pubkey")
+        chmod(directory, 0o755)
+        let offer = ["verify", "promotional-offer", "--bundle-id", "com.example.app", "--key-id", "ABC123DEFG", "--product-id", "p", "--offer-id", "o",
+                     "--nonce", "5e3f1c2a-9b4d-4e6f-8a7b-1c2d3e4f5a6b", "--timestamp", "1790800914034", "--signature", "MEUCIQ=="]
+        func verify(_ path: String, jws: Bool, unprivileged: Bool = false) -> (status: Int32, stdout: String, stderr: String) {
+            let arguments = jws ? ["verify", "jws", "e30.e30.AA", "--public-key", path] : offer + ["--public-key", path]
+            return unprivileged ? SignctlHintTests.runSignctlUnprivileged(arguments) : runSignctl(arguments)
+        }
+        for jws in [false, true] {
+            let missing = verify(directory + "/absent.pem", jws: jws)
+            #expect(missing.status == 65, "\(missing.stderr)")
+            #expect(missing.stderr.hasPrefix("error: cannot read the public key \(directory)/absent.pem: No such file or directory\nhint: "), "\(missing.stderr)")
+            let folder = verify(directory, jws: jws)
+            #expect(folder.status == 65, "\(folder.stderr)")
+            #expect(folder.stderr.hasPrefix("error: cannot read the public key \(directory): it is a directory, not a file"), "\(folder.stderr)")
+        }
+        // Another user's 0600 file: only as root, through uid 65534.
+        guard getuid() == 0, SignctlHintTests.unprivilegedCallerAvailable else { return }
+        let secret = directory + "/private.pem"
+        try writeSecretFile(secret, try TestKeyFiles.make().publicKeyPEM)
+        let denied = verify(secret, jws: true, unprivileged: true)
+        #expect(denied.status == 65, "\(denied.stderr)")
+        #expect(denied.stderr.hasPrefix("error: cannot read the public key \(secret): Permission denied"), "\(denied.stderr)")
+    }
+
     /// Runs signctl as uid/gid 65534 when this process is root (root may
     /// connect to any socket), else as this user.
     static func runSignctlUnprivileged(_ arguments: [String]) -> (status: Int32, stdout: String, stderr: String) {
