@@ -61,8 +61,9 @@ func openToken(configPath: String) throws -> HSMToken {
 /// while it logs in (SoftHSM rewrites its token file at `C_Login`); a PIN
 /// file signctl cannot read fails with a hint that names the configuration
 /// it came from.
-/// - Throws: ``CommandFailure`` (exit 78) for `pin_source_unreadable`, else
-///   the ``HSMError`` of ``HSMToken/init(uri:options:)``.
+/// - Throws: ``CommandFailure`` (exit 78) for `pin_source_unreadable`, and
+///   (exit 77) for `pin_rejected` naming the PIN file; else the ``HSMError``
+///   of ``HSMToken/init(uri:options:)``.
 func openToken(_ config: SignerConfiguration, configPath: String, options: TokenOptions) throws -> HSMToken {
     let uri = try PKCS11URI(config.tokenURI)
     do {
@@ -70,6 +71,10 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
         return try ProcessControl.holdingTerminationSignals { try HSMToken(uri: uri, options: options) }
     } catch let error as HSMError where error.code == .pinSourceUnreadable {
         throw CommandFailure(exitCode(for: error), error.description, hint: pinSourceHint(uri.pinSource, configPath: configPath))
+    } catch let error as HSMError where error.code == .pinRejected {
+        // Which PIN the token refused, by where it came from: the path, never the PIN.
+        let source = uri.pinSource.flatMap(PKCS11URI.pinFilePath).map { "the PIN file \($0)" } ?? "the pin-value"
+        throw CommandFailure(exitCode(for: error), "\(error.description) (the PIN read from \(source) that token_uri of \(configPath) names)", hint: hint(for: error))
     }
 }
 

@@ -171,6 +171,9 @@ struct PINRefusedAtOpenTests {
         #expect(list.status == 77, "\(list.stderr)")
         #expect(list.stderr.hasPrefix("error: "), "signctl's own error first, no daemon log line: \(list.stderr)")
         #expect(!list.stderr.contains("SIGHUP"), "\(list.stderr)")
+        // Which PIN was refused: the file it came from, never the PIN.
+        #expect(list.stderr.hasPrefix("error: pin_rejected: ") && list.stderr.contains("(the PIN read from the PIN file \(pin) that token_uri of \(daemon.configPath) names)"), "\(list.stderr)")
+        #expect(!list.stderr.contains(String(repeating: "9", count: 8)), "no PIN in the output: \(list.stderr)")
     }
 }
 
