@@ -280,6 +280,7 @@ public final class HSMToken: @unchecked Sendable {
             if let generation, current != generation {
                 return  // someone logged in meanwhile
             }
+            try checkPINCounter(slot: slot, label: label, opening: opening)
             var anchor = oldAnchor
             if anchor == nil {
                 let (rv, handle) = functions.openSession(slot: slot, readWrite: false)
@@ -312,6 +313,35 @@ public final class HSMToken: @unchecked Sendable {
             default:
                 throw HSMError(pkcs11: .login, rv, message: "cannot log in", tokenLabel: label)
             }
+        }
+    }
+
+    /// Reads the token's user PIN flags before a `C_Login`: a locked PIN is
+    /// not tried at all (the login could only fail, and some tokens count
+    /// that too); a PIN counter that has seen wrong PINs is logged, so an
+    /// operator learns of it before the token locks. When `C_GetTokenInfo`
+    /// fails the login goes ahead, and reports what is wrong itself.
+    /// - Throws: ``HSMError/Code/pinRejected`` with `CKR_PIN_LOCKED` when
+    ///   the token reports `CKF_USER_PIN_LOCKED`; the status is then
+    ///   `pinRejected`, as after a refused login.
+    private func checkPINCounter(slot: UInt, label: String, opening: Bool) throws(HSMError) {
+        let (rv, info) = functions.tokenInfo(slot: slot)
+        guard rv == .ok, let flags = info?.flags else { return }
+        if flags & UserPINFlags.locked != 0 {
+            state.withLock { $0.status = .pinRejected(.pinLocked) }
+            let hint = "unlock the user PIN with the SO PIN (the vendor's tools, or C_InitPIN), then reload (SIGHUP) or restart; no login is attempted while the token reports it locked"
+            if !opening { logger.critical("pin_rejected", ["token.label": .string(label), "p11.rv": .string(PKCS11ReturnValue.pinLocked.name), "hint": .string(hint)]) }
+            var error = HSMError(.pinRejected, "token \(label) reports its user PIN locked (CKF_USER_PIN_LOCKED), so no login was attempted: \(hint)")
+            error.returnValue = .pinLocked
+            error.tokenLabel = label
+            throw error
+        }
+        if flags & (UserPINFlags.finalTry | UserPINFlags.countLow) != 0 {
+            let finalTry = flags & UserPINFlags.finalTry != 0
+            logger.warning("pin_count_low", [
+                "token.label": .string(label), "final_try": .bool(finalTry),
+                "hint": .string(finalTry ? "the token says one more wrong user PIN locks it; check the PIN files of every program that logs in to it" : "the token has refused a user PIN since the last right one; check the PIN files of every program that logs in to it"),
+            ])
         }
     }
 

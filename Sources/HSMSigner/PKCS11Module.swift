@@ -53,11 +53,20 @@ package protocol PKCS11Interposer: AnyObject, Sendable {
     /// - Parameter signature: the module's output, raw `r ‖ s`.
     /// - Returns: the bytes signerd is to take as the module's output.
     func signed(_ signature: [UInt8]) -> [UInt8]
+
+    /// Sees the `flags` of `CK_TOKEN_INFO` that `C_GetTokenInfo` returned,
+    /// and may hand back others (a token whose user PIN is locked, or on
+    /// its final try).
+    /// - Parameter flags: the module's `flags`.
+    /// - Returns: the flags signerd is to take as the module's.
+    func tokenFlags(_ flags: UInt) -> UInt
 }
 
 extension PKCS11Interposer {
     /// The module's own output, unchanged.
     package func signed(_ signature: [UInt8]) -> [UInt8] { signature }
+    /// The module's own flags, unchanged.
+    package func tokenFlags(_ flags: UInt) -> UInt { flags }
 }
 
 /// One loaded PKCS#11 module (a shared library and its function list),
@@ -207,7 +216,9 @@ struct PKCS11Functions: @unchecked Sendable {
         var info = CK_TOKEN_INFO()
         let rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetTokenInfo(CK_SLOT_ID(slot), &info))
         guard rv == .ok else { return (rv, nil) }
-        return (rv, TokenInfo(info))
+        var result = TokenInfo(info)
+        if let interposer { result.flags = interposer.tokenFlags(result.flags) }
+        return (rv, result)
     }
 
     /// `C_OpenSession(slot, CKF_SERIAL_SESSION [| CKF_RW_SESSION])`.
@@ -496,6 +507,17 @@ struct Attribute: Sendable {
             body(buffer.baseAddress, buffer.count)
         }
     }
+}
+
+/// The `CK_TOKEN_INFO` flags that tell how many wrong user PINs a token
+/// has seen (PKCS#11 `C_GetTokenInfo`), checked before every `C_Login`.
+package enum UserPINFlags {
+    /// `CKF_USER_PIN_COUNT_LOW`: a wrong PIN was given since the last right one.
+    package static let countLow = UInt(CKF_USER_PIN_COUNT_LOW)
+    /// `CKF_USER_PIN_FINAL_TRY`: one more wrong PIN locks the PIN.
+    package static let finalTry = UInt(CKF_USER_PIN_FINAL_TRY)
+    /// `CKF_USER_PIN_LOCKED`: the user PIN is locked; only the SO can unlock it.
+    package static let locked = UInt(CKF_USER_PIN_LOCKED)
 }
 
 /// PKCS#11 constants the rest of HSMSigner needs, without importing CPKCS11.

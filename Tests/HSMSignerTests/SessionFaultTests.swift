@@ -104,6 +104,50 @@ struct SessionFaultTests {
         #expect(faults.calls(.login) == 1)
     }
 
+    @Test("CKF_USER_PIN_LOCKED at open: no C_Login at all, pin_rejected with CKR_PIN_LOCKED")
+    func pinLockedAtOpen() throws {
+        let token = try SoftHSMFixture.shared.makeToken("pin-locked-open")
+        let faults = FaultInjector()
+        faults.addTokenFlags(UserPINFlags.locked)
+        let error = #expect(throws: HSMError.self) { try TokenTests.open(token, interposer: faults) }
+        #expect(error?.code == .pinRejected)
+        #expect(error?.returnValue == .pinLocked)
+        #expect(error?.message.contains("CKF_USER_PIN_LOCKED") == true, "\(error?.message ?? "")")
+        #expect(faults.calls(.login) == 0, "a locked PIN was sent")
+    }
+
+    @Test("CKF_USER_PIN_LOCKED on re-login: no C_Login however many requests follow; the status says CKR_PIN_LOCKED")
+    func pinLockedOnRelogin() throws {
+        let setup = try Self.setUp("pin-locked-relogin")
+        defer { setup.hsm.close() }
+        let logins = setup.faults.calls(.login)
+        setup.faults.addTokenFlags(UserPINFlags.locked)
+        setup.faults.logOut()
+        for _ in 0..<20 {
+            let error = #expect(throws: HSMError.self) { try setup.hsm.sign(digest: SHA256.hash([1]), keyID: setup.keyID) }
+            #expect(error?.code == .pinRejected)
+        }
+        #expect(setup.faults.calls(.login) == logins)
+        #expect(setup.hsm.status == .pinRejected(.pinLocked))
+    }
+
+    @Test("CKF_USER_PIN_FINAL_TRY or COUNT_LOW before a login: the login goes ahead, and pin_count_low is logged",
+          arguments: [(UserPINFlags.finalTry, true), (UserPINFlags.countLow, false)])
+    func pinCountLow(_ flag: UInt, _ finalTry: Bool) throws {
+        let token = try SoftHSMFixture.shared.makeToken("pin-count-low")
+        let faults = FaultInjector()
+        faults.addTokenFlags(flag)
+        let lines = LineCollector()
+        var options = TokenOptions()
+        options.logger = Logger(minimumLevel: .info) { lines.append($0) }
+        let hsm = try HSMToken(uri: PKCS11URI(token.uri), options: options, interposer: faults)
+        defer { hsm.close() }
+        #expect(faults.calls(.login) == 1)
+        let warned = lines.lines.filter { $0.contains("\"msg\":\"pin_count_low\"") }
+        #expect(warned.count == 1, "\(lines.lines)")
+        #expect(warned.first?.contains("\"final_try\":\(finalTry)") == true, "\(warned)")
+    }
+
     @Test("CKR_PIN_INCORRECT on re-login: one C_Login however many requests follow, from many threads")
     func pinIncorrectOnRelogin() throws {
         let setup = try Self.setUp("pin-relogin")

@@ -31,6 +31,8 @@ package final class FaultInjector: PKCS11Interposer {
         var seenSessions: Set<UInt> = []
         /// The "token" logged the user out: signing fails until a C_Login.
         var loggedOut = false
+        /// Flags `C_GetTokenInfo` reports beyond the module's own.
+        var extraTokenFlags: UInt = 0
         /// Object handles went stale: C_SignInit fails until the key is searched again.
         var staleObjects = false
         /// The token's objects are gone (its storage lost): searches find
@@ -97,6 +99,17 @@ package final class FaultInjector: PKCS11Interposer {
     /// signatures have a given shape).
     package func replaceSignatures(_ signatures: [[UInt8]]) {
         state.withLock { $0.replacementSignatures += signatures }
+    }
+
+    /// Makes `C_GetTokenInfo` report `flags` (``UserPINFlags``) in addition
+    /// to the module's own, until ``clear()``.
+    package func addTokenFlags(_ flags: UInt) {
+        state.withLock { $0.extraTokenFlags |= flags }
+    }
+
+    /// The module's flags with those of ``addTokenFlags(_:)``.
+    package func tokenFlags(_ flags: UInt) -> UInt {
+        state.withLock { flags | $0.extraTokenFlags }
     }
 
     /// The next replacement from ``replaceSignatures(_:)``, or the module's own output.
