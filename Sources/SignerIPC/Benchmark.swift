@@ -211,10 +211,16 @@ public struct LoadGenerator: Sendable {
 
     /// Runs the load and reports.
     /// - Throws: ``SocketError`` when the daemon is unreachable at the start,
-    ///   or a ``BenchmarkError`` when no key serves a bundle.
+    ///   or a ``BenchmarkError`` when `GET /v1/keys` is refused (with the
+    ///   daemon's answer) or no key serves a bundle.
     public func run() throws -> BenchmarkReport {
         let probe = SignerClient(socketPath: socketPath, timeout: 30)
-        let keys = try probe.send("GET", "/v1/keys").decode(KeysResponse.self).keys
+        let listing = try probe.send("GET", "/v1/keys")
+        guard listing.status == 200 else {
+            // 403 for a user signerd does not serve, 429, 503: the daemon's own words.
+            throw BenchmarkError("GET /v1/keys was refused", response: listing)
+        }
+        let keys = try listing.decode(KeysResponse.self).keys
         guard let key = keys.first(where: { keyID == nil || $0.keyID == keyID }) else {
             throw BenchmarkError("no configured key\(keyID.map { " \($0)" } ?? "") is listed by /v1/keys")
         }
@@ -383,9 +389,17 @@ public struct LoadGenerator: Sendable {
 public struct BenchmarkError: Error, CustomStringConvertible {
     /// Why the run cannot start, for `signctl`'s error line.
     public var description: String
+    /// The daemon's error answer that stopped the run before it began
+    /// (`GET /v1/keys` refused: 403, 429, 503), when that was the cause.
+    public var response: ClientResponse?
     /// Makes an error.
-    /// - Parameter description: a sentence saying why the run cannot start.
-    public init(_ description: String) { self.description = description }
+    /// - Parameters:
+    ///   - description: a sentence saying why the run cannot start.
+    ///   - response: the daemon's error answer behind it, if any.
+    public init(_ description: String, response: ClientResponse? = nil) {
+        self.description = description
+        self.response = response
+    }
 }
 
 /// The baseline: the same SHA-256 + `C_SignInit`/`C_Sign` loop through the

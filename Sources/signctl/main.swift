@@ -169,9 +169,16 @@ do {
     writeError(error.description)
     code = .dataError
 } catch let error as BenchmarkError {
-    // bench's --key-id names no configured key, or the key has no public key for --verify.
-    writeError(error.description)
-    code = .dataError
+    if let response = error.response {
+        // The daemon refused bench's first request (403, 429, 503): its own code and words.
+        let refusal = failure(from: response)
+        writeError("\(error.description): \(refusal.message)", hint: refusal.hint)
+        code = refusal.code
+    } else {
+        // bench's --key-id names no configured key, or the key has no public key for --verify.
+        writeError(error.description)
+        code = .dataError
+    }
 } catch {
     // Every error signctl expects is caught above; anything else is its own fault.
     writeError("\(error)")

@@ -48,6 +48,18 @@ struct LifecycleTests {
         #expect(refused.body.contains("65534"))
         #expect(!daemon.logged { $0.contains("\"peer_forbidden\"") && $0.contains("\"peer.uid\":65534") && $0.contains("\"peer.pid\":") }.isEmpty)
         #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey), "root is always allowed")
+        if SignctlHintTests.unprivilegedCallerAvailable {
+            // signctl bench by that user: the daemon's 403 and exit 77, not a JSON decoding error and 70.
+            let directory = TemporaryDirectory.make(prefix: "signerd-bench-403")
+            chmod(directory, 0o755)
+            let config = directory + "/signctl.json"
+            try #"{"token_uri": "pkcs11:token=x?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent", "socket_path": "\#(daemon.socketPath)"}"#
+                .write(toFile: config, atomically: false, encoding: .utf8)
+            chmod(config, 0o644)
+            let bench = SignctlHintTests.runSignctlUnprivileged(["--config", config, "bench", "--requests", "10"])
+            #expect(bench.status == 77, "\(bench.stderr)")
+            #expect(bench.stderr.contains("GET /v1/keys was refused: 403 forbidden"), "\(bench.stderr)")
+        }
 
         // Allow uid 65534 by reload: now it signs.
         try daemon.writeConfig(["allowed_uids": [65534]])
