@@ -86,6 +86,14 @@ extension HSMToken {
         guard let handle = handles.first, let point = try readAttribute(session, handle, P11.ecPoint, keyID: keyID) else {
             return nil
         }
+        // Two public key objects (an import --replace half-way) are fine
+        // when they hold the same key; otherwise which one goes with the
+        // private key cannot be told.
+        for other in handles.dropFirst() where try readAttribute(session, other, P11.ecPoint, keyID: keyID) != point {
+            var error = HSMError(.keyInvalid, "\(handles.count) public key objects with different keys carry key ID \(keyID) on token \(label); delete the extra ones")
+            error.keyID = keyID
+            throw error
+        }
         guard let uncompressed = HSMToken.uncompressedPoint(fromECPoint: point, curve: curve),
               let key = try? ECPublicKey(curve: curve, uncompressedPoint: uncompressed) else {
             var error = HSMError(.keyInvalid, "the public key object of \(keyID) holds no valid \(curve) point")

@@ -595,6 +595,18 @@ public final class HSMToken: @unchecked Sendable {
         var reloggedIn = false
         // The failure that made the key be looked up again, if one did.
         var staleKeyFailure: HSMError?
+        // Waits for a key another process is replacing (`keys import
+        // --replace` creates the new objects, then destroys the old ones):
+        // for those milliseconds the key has two objects, stale handles, or
+        // none in this process's view of the token.
+        var settled = 0
+        func settle() -> Bool {
+            guard settled < Self.keySettleMicroseconds.count else { return false }
+            usleep(Self.keySettleMicroseconds[settled])
+            settled += 1
+            forgetKey(keyID)
+            return true
+        }
         while true {
             let generation = state.withLock { $0.loginGeneration }
             let key: CachedKey
@@ -604,7 +616,14 @@ public final class HSMToken: @unchecked Sendable {
                 var error = error
                 error.keyID = keyID
                 let known = state.withLock { $0.knownKeys.contains(keyID) && ($0.expectedKeys?.contains(keyID) ?? true) }
-                if error.code == .keyNotFound && (keyRetried || known) {
+                let vanished = error.code == .keyNotFound && (keyRetried || known)
+                // Two objects where the key has one, an object destroyed or
+                // half-written when its attributes were read: what a look-up
+                // meets while another process replaces the key.
+                let inFlux = error.code == .keyInvalid
+                    || (error.returnValue.map { Self.keyInFluxFailures.contains($0) } ?? false)
+                if (vanished || inFlux) && settle() { continue }
+                if vanished {
                     // The key signed here before and is gone now that its handle
                     // went stale: the token's storage itself may have gone (a
                     // network HSM partition away, SoftHSM's token directory
@@ -639,7 +658,10 @@ public final class HSMToken: @unchecked Sendable {
             // A failed C_SignInit on a bad key handle leaves the session
             // clean; any other failure may leave an operation active, so
             // the session is closed rather than reused.
-            if function == .signInit && PKCS11ReturnValue.objectFailures.contains(rv) {
+            // A key handle that went stale, or now names another object (a
+            // public key: CKR_KEY_FUNCTION_NOT_PERMITTED), at C_SignInit.
+            let staleHandle = function == .signInit && Self.keyInFluxFailures.contains(rv)
+            if staleHandle {
                 pool.checkin(lease)
             } else {
                 pool.discard(lease)
@@ -654,10 +676,12 @@ public final class HSMToken: @unchecked Sendable {
                     // close the idle ones too, so the retry gets a fresh session.
                     pool.reset(moduleReinitialized: false)
                 }
-            case _ where PKCS11ReturnValue.objectFailures.contains(rv) && !keyRetried:
+            case _ where staleHandle && !keyRetried:
                 keyRetried = true
                 staleKeyFailure = failure
                 forgetKey(keyID)
+            case _ where staleHandle && settle():
+                staleKeyFailure = failure
             case .userNotLoggedIn where !reloggedIn:
                 reloggedIn = true
                 try login(afterGeneration: generation)
@@ -676,6 +700,18 @@ public final class HSMToken: @unchecked Sendable {
         }
     }
 
+    /// The pauses, in microseconds, a signer waits for a key another
+    /// process is replacing before it believes a key gone, doubled or
+    /// stale for good: 155 ms in all.
+    package static let keySettleMicroseconds: [useconds_t] = [5_000, 10_000, 20_000, 40_000, 80_000]
+
+    /// What a key's objects answer while another process replaces them:
+    /// stale handles, a handle that now names another object, attributes
+    /// of an object being written or removed.
+    static let keyInFluxFailures: Set<PKCS11ReturnValue> = PKCS11ReturnValue.objectFailures.union([
+        .keyFunctionNotPermitted, .keyTypeInconsistent, .attributeValueInvalid, .attributeTypeInvalid,
+    ])
+
     /// Signs a random digest with `keyID` and verifies it with the key's
     /// public key: the readiness check and the import self-test.
     /// - Parameter keyID: the key to test.
@@ -687,11 +723,12 @@ public final class HSMToken: @unchecked Sendable {
         // --replace` from another process) is looked up again by the sign.
         // A mismatch is retried once after forgetting the cached objects,
         // so only a pair that disagrees on the token itself fails.
-        for attempt in 1...2 {
+        for attempt in 1...3 {
             let digest = SecureRandom.bytes(32)
             let signature = try sign(digest: digest, keyID: keyID)
             if try signingPublicKey(signature, keyID: keyID).verify(rawSignature: signature.raw, digest: digest) { return }
-            if attempt == 1 { forgetKey(keyID) }
+            if attempt == 2 { usleep(50_000) }  // a replacement still being written
+            forgetKey(keyID)
         }
         var error = HSMError(.verificationFailed, "the token's signature with key \(keyID) did not verify with its public key")
         error.keyID = keyID

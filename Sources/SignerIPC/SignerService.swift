@@ -529,10 +529,14 @@ public final class SignerService: HTTPHandler, Sendable {
             }
             guard verified else {
                 // Cached key objects older than a key replaced on the token
-                // are looked up again, once, before a failure is declared.
-                if attempt == 1 {
+                // are looked up again before a failure is declared: at once,
+                // then once more after 50 ms, in case the replacement
+                // (`keys import --replace` in another process) was still
+                // being written.
+                if attempt < 3 {
+                    if attempt == 2 { usleep(50_000) }
                     token.forgetKey(keyID)
-                    return try sign(digest: digest, keyID: keyID, config, attempt: 2)
+                    return try sign(digest: digest, keyID: keyID, config, attempt: attempt + 1)
                 }
                 metrics.count("verification_failures")
                 logger.error("signature_not_verified", ["key.id": .string(keyID), "token.label": .string(token.label)])

@@ -316,6 +316,71 @@ struct LifecycleTests {
         #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: other))
     }
 
+    /// `keys import --replace` from signctl while clients sign: the old
+    /// objects' handles go stale (or name another object) and, for a
+    /// moment, signerd's SoftHSM may see the token half-updated. A tester
+    /// saw a 500 with `signature_not_verified`, a `key_vanished` outage
+    /// and `CKR_KEY_FUNCTION_NOT_PERMITTED` 503s during quick rotations.
+    @Test("keys import --replace ten times while four clients sign: every answer a verified 200, no verification failure, no token_down",
+          arguments: [false, true])
+    func replacedUnderLoad(alternateKeys: Bool) throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["readiness_cache_seconds": 0])
+        try daemon.start()
+        defer { daemon.stop() }
+        let original = try #require(daemon.keys["ABC123DEFG"])
+        let other = try TestKeyFiles.make()
+        // Swapping to another key under the same key ID (correcting a wrong
+        // file) makes a signature verify with one of the two public keys.
+        let publicKeys: [ECPublicKey] = try ([original.publicKeyPEM] + (alternateKeys ? [other.publicKeyPEM] : [])).map { try ECPublicKey(pem: $0) }
+        let stop = Atomic<Bool>(false)
+        let outcomes = Mutex<(ok: Int, failed: [String])>((0, []))
+        let group = DispatchGroup()
+        for _ in 0..<4 {
+            group.enter()
+            Thread.detachNewThread {
+                defer { group.leave() }
+                let client = daemon.client()
+                defer { client.close() }
+                while !stop.load(ordering: .relaxed) {
+                    do {
+                        let response = try client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "key_id": "ABC123DEFG", "product_id": "p", "offer_id": "o"]))
+                        guard response.status == 200 else {
+                            outcomes.withLock { $0.failed.append("\(response.status) \(String(decoding: response.body, as: UTF8.self))") }
+                            continue
+                        }
+                        let offer = try response.decode(PromotionalOfferResponse.self)
+                        let payload = independentPayload(bundleID: "com.example.app", keyID: "ABC123DEFG", productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
+                        let der = Array(Data(base64Encoded: offer.signature) ?? Data())
+                        if publicKeys.contains(where: { $0.verify(derSignature: der, digest: SHA256.hash(payload)) }) {
+                            outcomes.withLock { $0.ok += 1 }
+                        } else {
+                            outcomes.withLock { $0.failed.append("200 with a signature no public key verifies") }
+                        }
+                    } catch {
+                        outcomes.withLock { $0.failed.append("\(error)") }
+                    }
+                }
+            }
+        }
+        let files = daemon.directory + "/AuthKey_ABC123DEFG.p8"
+        for round in 0..<10 {
+            usleep(100_000)
+            let file = alternateKeys && round % 2 == 0 ? other.sec1 : files
+            _ = try daemon.signctl(["keys", "import", "--replace", "--key-id", "ABC123DEFG", file])
+        }
+        usleep(200_000)
+        stop.store(true, ordering: .relaxed)
+        group.wait()
+        let result = outcomes.withLock { $0 }
+        #expect(result.failed.isEmpty, "\(result.failed.count) failed of \(result.ok + result.failed.count): \(result.failed.prefix(5))")
+        #expect(result.ok > 50)
+        let metrics = String(decoding: try daemon.client().send("GET", "/metrics").body, as: UTF8.self)
+        #expect(metrics.contains("signerd_verification_failures_total 0"), "a rotation counted as a verification failure")
+        #expect(daemon.log.filter { $0.contains("\"token_down\"") || $0.contains("\"signature_not_verified\"") }.isEmpty,
+                "\(daemon.log.filter { $0.contains("\"token_down\"") || $0.contains("\"signature_not_verified\"") })")
+    }
+
     /// The README: a replaced key "is used from the next request, no reload needed".
     @Test("a key replaced by signctl while signerd runs: /readyz stays ready and the next signature verifies with the new key, with verify_before_return on and off",
           arguments: [true, false])
