@@ -60,7 +60,17 @@ int CSignerShim_disable_core_dumps(void) {
 static const int held_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 #define HELD_SIGNAL_COUNT (sizeof(held_signals) / sizeof(held_signals[0]))
 static struct sigaction saved_actions[HELD_SIGNAL_COUNT];
+static int held_installed[HELD_SIGNAL_COUNT];
+static int hold_depth = 0;  // holds are made and released on one thread, nested ones inside the outer
 static volatile sig_atomic_t held_signal = 0;
+
+static void set_default(int number) {
+    struct sigaction fallback;
+    memset(&fallback, 0, sizeof(fallback));
+    fallback.sa_handler = SIG_DFL;
+    sigemptyset(&fallback.sa_mask);
+    sigaction(number, &fallback, NULL);
+}
 
 // Async-signal-safe: only write(2), sigaction(2) and raise(3).
 static void hold_signal(int number) {
@@ -71,15 +81,14 @@ static void hold_signal(int number) {
         (void)ignored;
         return;
     }
-    struct sigaction fallback;
-    memset(&fallback, 0, sizeof(fallback));
-    fallback.sa_handler = SIG_DFL;
-    sigemptyset(&fallback.sa_mask);
-    sigaction(number, &fallback, NULL);
+    set_default(number);
     raise(number);
 }
 
 int CSignerShim_hold_termination_signals(void) {
+    if (hold_depth++ > 0) {
+        return 0;  // the outer hold already holds them
+    }
     held_signal = 0;
     struct sigaction holder;
     memset(&holder, 0, sizeof(holder));
@@ -90,25 +99,47 @@ int CSignerShim_hold_termination_signals(void) {
         sigaddset(&holder.sa_mask, held_signals[index]);
     }
     for (size_t index = 0; index < HELD_SIGNAL_COUNT; index++) {
-        if (sigaction(held_signals[index], &holder, &saved_actions[index]) != 0) {
+        held_installed[index] = 0;
+        if (sigaction(held_signals[index], NULL, &saved_actions[index]) != 0) {
+            continue;
+        }
+        // An ignored signal (nohup, a background job) stays ignored: it
+        // must neither take the held slot nor make a later one "the second".
+        if (saved_actions[index].sa_handler == SIG_IGN) {
+            continue;
+        }
+        if (sigaction(held_signals[index], &holder, NULL) != 0) {
             int saved = errno;
             while (index-- > 0) {
-                sigaction(held_signals[index], &saved_actions[index], NULL);
+                if (held_installed[index]) {
+                    sigaction(held_signals[index], &saved_actions[index], NULL);
+                }
             }
+            hold_depth = 0;
             errno = saved;
             return -1;
         }
+        held_installed[index] = 1;
     }
     return 0;
 }
 
 int CSignerShim_release_termination_signals(void) {
+    if (hold_depth == 0 || --hold_depth > 0) {
+        return 0;  // an inner hold: the outer one releases
+    }
     for (size_t index = 0; index < HELD_SIGNAL_COUNT; index++) {
-        sigaction(held_signals[index], &saved_actions[index], NULL);
+        if (held_installed[index]) {
+            sigaction(held_signals[index], &saved_actions[index], NULL);
+        }
     }
     int number = held_signal;
     held_signal = 0;
     if (number != 0) {
+        // The default action, not a handler installed before the hold
+        // (the Swift runtime's SIGQUIT backtracer returns and the process
+        // would carry on): the operator asked the process to stop.
+        set_default(number);
         raise(number);
     }
     return number;

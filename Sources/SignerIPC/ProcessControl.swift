@@ -45,7 +45,10 @@ public enum ProcessControl {
     /// stderr, and raised again once `body` returns or throws, so its
     /// default action then ends the process; a second one ends the process
     /// at once (an operator's way out of a call that hangs). A signal that
-    /// was ignored before stays ignored. SIGKILL cannot be held.
+    /// was ignored before stays ignored and counts for nothing; one with a
+    /// handler of its own (the Swift runtime's SIGQUIT backtracer) is
+    /// raised with its default action all the same. Holds nest: an inner
+    /// one on the same thread changes nothing. SIGKILL cannot be held.
     /// - Parameter body: the token write; it runs on the calling thread.
     /// - Returns: what `body` returns.
     /// - Throws: what `body` throws.

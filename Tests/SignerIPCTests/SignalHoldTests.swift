@@ -67,6 +67,59 @@ struct SignalHoldTests {
         }
     }
 
+    @Test("an ignored signal neither takes the held slot nor makes the next real one 'the second'")
+    func ignoredDoesNotCount() async {
+        // SIGHUP ignored (nohup) twice, then a real SIGTERM: held, raised after the body.
+        let result = await #expect(processExitsWith: .signal(SIGTERM), observing: [\.standardErrorContent]) {
+            Self.unblockTerminationSignals()
+            signal(SIGHUP, SIG_IGN)
+            ProcessControl.holdingTerminationSignals {
+                raise(SIGHUP)
+                raise(SIGHUP)
+                raise(SIGTERM)
+                FileHandle.standardError.write(Data("body finished\n".utf8))
+            }
+        }
+        #expect(Self.stderr(result).contains("body finished"), "\(Self.stderr(result))")
+    }
+
+    @Test("a signal whose handler returns (the Swift runtime's SIGQUIT backtracer) still ends the process after the hold")
+    func handlerThatReturns() async {
+        let result = await #expect(processExitsWith: .signal(SIGQUIT), observing: [\.standardErrorContent]) {
+            Self.unblockTerminationSignals()
+            signal(SIGQUIT) { _ in
+                let note = "handler ran\n"
+                _ = note.withCString { write(STDERR_FILENO, $0, strlen($0)) }
+            }
+            ProcessControl.holdingTerminationSignals {
+                raise(SIGQUIT)
+                FileHandle.standardError.write(Data("body finished\n".utf8))
+            }
+            FileHandle.standardError.write(Data("after the hold\n".utf8))
+        }
+        let output = Self.stderr(result)
+        #expect(output.contains("body finished"), "\(output)")
+        #expect(!output.contains("after the hold"), "\(output)")
+    }
+
+    @Test("nested holds: a signal held in the outer one survives the inner one's release and ends the process after the outer")
+    func nested() async {
+        let result = await #expect(processExitsWith: .signal(SIGTERM), observing: [\.standardErrorContent]) {
+            Self.unblockTerminationSignals()
+            ProcessControl.holdingTerminationSignals {
+                raise(SIGTERM)
+                ProcessControl.holdingTerminationSignals {
+                    FileHandle.standardError.write(Data("inner finished\n".utf8))
+                }
+                FileHandle.standardError.write(Data("outer finished\n".utf8))
+            }
+            FileHandle.standardError.write(Data("after the hold\n".utf8))
+        }
+        let output = Self.stderr(result)
+        #expect(output.contains("inner finished") && output.contains("outer finished"), "\(output)")
+        #expect(!output.contains("after the hold"), "\(output)")
+    }
+
     @Test("without a signal: the body's value is returned, its error thrown, and the dispositions are restored")
     func noSignal() throws {
         func disposition(_ number: Int32) -> UInt {

@@ -31,13 +31,17 @@ int CSignerShim_is_dumpable(void);
 /// Holds SIGINT, SIGTERM, SIGHUP and SIGQUIT (process-wide, `sigaction`):
 /// the first one that arrives is remembered and a note is written to
 /// stderr; a second one ends the process at once with its default action.
+/// A signal ignored before (`SIG_IGN`) stays ignored. Nested holds (on the
+/// same thread) count: only the outermost installs and releases.
 /// Returns 0, or -1 with errno when a disposition could not be changed
 /// (those already changed are restored).
 int CSignerShim_hold_termination_signals(void);
 
-/// Restores the dispositions `CSignerShim_hold_termination_signals` saved
-/// and, when a signal arrived meanwhile, raises it again (so a default
-/// action ends the process now). Returns that signal's number, or 0.
+/// Ends a hold: the outermost restores the dispositions
+/// `CSignerShim_hold_termination_signals` saved and, when a signal arrived
+/// meanwhile, raises it again with its default action (so it ends the
+/// process now, whatever handler was installed before). Returns that
+/// signal's number, or 0.
 int CSignerShim_release_termination_signals(void);
 
 typedef void (*CSignerShim_log_callback)(void *context, const char *message);
