@@ -348,18 +348,24 @@ public final class HSMToken: @unchecked Sendable {
     /// Replaces the PIN (after the operator fixed the PIN source) and, if the
     /// token had refused the old one, tries one login with the new one.
     ///
-    /// A PIN source that still gives the PIN the token refused is not sent
-    /// again: each wrong `C_Login` counts toward the token's lock, and a
-    /// reload that only re-reads an unchanged file (or systemd's old copy of
-    /// it) would spend one.
+    /// A PIN source that still gives the PIN the token called wrong
+    /// (`CKR_PIN_INCORRECT`, `CKR_PIN_INVALID`, `CKR_PIN_LEN_RANGE`) is not
+    /// sent again: each wrong `C_Login` counts toward the token's lock, and
+    /// a reload that only re-reads an unchanged file (or systemd's old copy
+    /// of it) would spend one. After `CKR_PIN_LOCKED` or `CKR_PIN_EXPIRED`
+    /// the same PIN gets its one login: the SO may have unlocked or reset
+    /// it to that PIN (a token that still reports the PIN locked gets none).
     /// - Parameter uri: the (possibly changed) token URI; only its PIN source is used.
     /// - Throws: the PIN source errors, or ``HSMError/Code/pinRejected`` if the
     ///   new PIN is refused too, or is the refused PIN itself (then without a
     ///   `C_Login`).
     public func reloadPIN(from uri: PKCS11URI) throws(HSMError) {
         let newPIN = try uri.readPIN()
+        // Only a PIN the token called wrong: after CKR_PIN_LOCKED or
+        // CKR_PIN_EXPIRED the same PIN is right again once the SO unlocked
+        // or reset it.
         let refused: PKCS11ReturnValue? = state.withLock { state in
-            if case .pinRejected(let rv) = state.status { return rv }
+            if case .pinRejected(let rv) = state.status, [.pinIncorrect, .pinInvalid, .pinLenRange].contains(rv) { return rv }
             return nil
         }
         if let refused, pin.withLock({ $0.hasSameBytes(as: newPIN) }) {

@@ -13,6 +13,8 @@ struct SessionFaultTests {
         let faults: FaultInjector
         let publicKey: ECPublicKey
         let keyID = "FAULT00001"
+        /// The token's RFC 7512 URI, with its PIN source.
+        let uri: String
     }
 
     static func setUp(_ name: String, faults: FaultInjector = FaultInjector(), poolSize: Int = 2) throws -> Setup {
@@ -20,7 +22,7 @@ struct SessionFaultTests {
         let hsm = try TokenTests.open(token, poolSize: poolSize, interposer: faults)
         let files = try TestKeyFiles.make()
         _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "FAULT00001", replace: false)
-        return Setup(hsm: hsm, faults: faults, publicKey: try ECPublicKey(pem: files.publicKeyPEM))
+        return Setup(hsm: hsm, faults: faults, publicKey: try ECPublicKey(pem: files.publicKeyPEM), uri: token.uri)
     }
 
     static func signAndVerify(_ setup: Setup, _ text: String = "fault test") throws -> Bool {
@@ -129,6 +131,32 @@ struct SessionFaultTests {
         }
         #expect(setup.faults.calls(.login) == logins)
         #expect(setup.hsm.status == .pinRejected(.pinLocked))
+    }
+
+    @Test("after CKR_PIN_LOCKED, a reload of the same PIN gets its one login once the SO unlocked it; after CKR_PIN_INCORRECT it gets none")
+    func reloadAfterLock() throws {
+        let setup = try Self.setUp("pin-unlocked")
+        let hsm = setup.hsm, faults = setup.faults
+        defer { hsm.close() }
+        let uri = try PKCS11URI(setup.uri)
+        // Locked elsewhere: the re-login is refused with CKR_PIN_LOCKED.
+        faults.logOut()
+        faults.inject(.login, .pinLocked, count: 1)
+        #expect(throws: HSMError.self) { try hsm.sign(digest: SHA256.hash([1]), keyID: setup.keyID) }
+        #expect(hsm.status == .pinRejected(.pinLocked))
+        // The SO unlocked it with the same PIN; the reload logs in.
+        let logins = faults.calls(.login)
+        try hsm.reloadPIN(from: uri)
+        #expect(faults.calls(.login) == logins + 1)
+        #expect(hsm.status == .up)
+        // Called wrong: the same PIN is not sent again.
+        faults.logOut()
+        faults.inject(.login, .pinIncorrect, count: 1)
+        #expect(throws: HSMError.self) { try hsm.sign(digest: SHA256.hash([1]), keyID: setup.keyID) }
+        #expect(hsm.status == .pinRejected(.pinIncorrect))
+        let refused = #expect(throws: HSMError.self) { try hsm.reloadPIN(from: uri) }
+        #expect(refused?.message.contains("not sent again") == true)
+        #expect(faults.calls(.login) == logins + 2)
     }
 
     @Test("CKF_USER_PIN_FINAL_TRY or COUNT_LOW before a login: the login goes ahead, and pin_count_low is logged",
