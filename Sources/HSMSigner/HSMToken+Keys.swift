@@ -36,10 +36,13 @@ public struct KeyImportResult: Sendable {
 }
 
 extension HSMToken {
-    /// Finds the private key object of `keyID` and its public key.
+    /// Finds the EC private key object of `keyID` and its public key
+    /// (other key objects that carry the same `CKA_ID` are not App Store
+    /// keys and are left out).
     func lookUpKey(_ keyID: String, session: UInt) throws(HSMError) -> CachedKey {
         let handles = try find(session, [
             Attribute(P11.classAttribute, ulong: P11.privateKeyClass),
+            Attribute(P11.keyType, ulong: P11.ecKeyType),
             Attribute(P11.id, Array(keyID.utf8)),
         ])
         guard let handle = handles.first else {
@@ -81,6 +84,7 @@ extension HSMToken {
     private func readPublicKey(_ keyID: String, session: UInt, curve: ECCurve) throws(HSMError) -> ECPublicKey? {
         let handles = try find(session, [
             Attribute(P11.classAttribute, ulong: P11.publicKeyClass),
+            Attribute(P11.keyType, ulong: P11.ecKeyType),
             Attribute(P11.id, Array(keyID.utf8)),
         ])
         guard let handle = handles.first, let point = try readAttribute(session, handle, P11.ecPoint, keyID: keyID) else {
@@ -233,6 +237,16 @@ extension HSMToken {
         let idBytes = Array(keyID.utf8)
         return try withReadWriteSession { (session) throws(HSMError) -> KeyImportResult in
             let old = try keyObjects(session, keyID: keyID)
+            // A key object of another type under this key ID (not an App
+            // Store key, made by another tool) would stay beside the import
+            // and make the key ID name two keys.
+            let foreign = try foreignKeyObjects(session, keyID: keyID)
+            if !foreign.isEmpty {
+                var error = HSMError(.keyExists, "key ID \(keyID) is already carried by \(foreign.joined(separator: " and ")) on token \(label), not an App Store (EC) key; signctl neither replaces nor deletes it: remove it with the tool that made it, or import under another key ID")
+                error.keyID = keyID
+                error.tokenLabel = label
+                throw error
+            }
             if !old.isEmpty && !replace {
                 var error = HSMError(.keyExists, "key ID \(keyID) is already on token \(label); pass --replace to replace it")
                 error.keyID = keyID
@@ -350,6 +364,26 @@ extension HSMToken {
         return found.sorted()
     }
 
+    /// Descriptions (`an RSA private key object`) of the key objects that
+    /// carry `keyID` as `CKA_ID` or `CKA_LABEL` but are not EC keys.
+    func foreignKeyObjects(_ session: UInt, keyID: String) throws(HSMError) -> [String] {
+        let idBytes = Array(keyID.utf8)
+        var found: [String] = []
+        for (objectClass, kind) in [(P11.privateKeyClass, "private"), (P11.publicKeyClass, "public")] {
+            var handles: Set<UInt> = []
+            for naming in [Attribute(P11.id, idBytes), Attribute(P11.label, idBytes)] {
+                handles.formUnion(try find(session, [Attribute(P11.classAttribute, ulong: objectClass), naming]))
+            }
+            for handle in handles.sorted() {
+                let bytes = try readAttribute(session, handle, P11.keyType, keyID: keyID)
+                let type = bytes.flatMap { $0.count == MemoryLayout<UInt>.size ? $0.withUnsafeBytes { $0.loadUnaligned(as: UInt.self) } : nil }
+                guard type != P11.ecKeyType else { continue }
+                found.append("\(P11.keyTypeName(type)) \(kind) key object")
+            }
+        }
+        return found
+    }
+
     /// Removes the EC private and public key objects with `keyID` as
     /// `CKA_ID` or `CKA_LABEL`; other objects with that label or ID stay.
     ///
@@ -412,9 +446,9 @@ extension HSMToken {
     public func publicKeyOnlyIDs() throws(HSMError) -> [String] {
         try withSession { (session) throws(HSMError) -> [String] in
             var ids: Set<String> = []
-            for handle in try find(session, [Attribute(P11.classAttribute, ulong: P11.publicKeyClass)]) {
+            for handle in try find(session, [Attribute(P11.classAttribute, ulong: P11.publicKeyClass), Attribute(P11.keyType, ulong: P11.ecKeyType)]) {
                 guard let id = try readAttribute(session, handle, P11.id, keyID: nil), !id.isEmpty else { continue }
-                let privateKeys = try find(session, [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.id, id)])
+                let privateKeys = try find(session, [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.id, id)])
                 if privateKeys.isEmpty { ids.insert(HSMToken.printable(id)) }
             }
             return ids.sorted()

@@ -547,7 +547,25 @@ enum P11 {
     static let publicKeyClass = UInt(CKO_PUBLIC_KEY)
     static let dataClass = UInt(CKO_DATA)
     static let application = UInt(CKA_APPLICATION)
+    static let modulus = UInt(CKA_MODULUS)
+    static let publicExponent = UInt(CKA_PUBLIC_EXPONENT)
+    static let rsaKeyType = UInt(CKK_RSA)
     static let ecKeyType = UInt(CKK_EC)
+
+    /// A `CKA_KEY_TYPE` value as an operator knows it (`RSA`, `EC`,
+    /// `Ed25519/Ed448`), or its number; `unknown-type` when unreadable.
+    static func keyTypeName(_ type: UInt?) -> String {
+        switch type {
+        case .none: "an unknown-type"
+        case UInt(CKK_RSA): "an RSA"
+        case UInt(CKK_DSA): "a DSA"
+        case UInt(CKK_DH): "a DH"
+        case UInt(CKK_EC): "an EC"
+        case UInt(CKK_EC_EDWARDS): "an Ed25519/Ed448"
+        case UInt(CKK_AES): "an AES"
+        case .some(let other): "a key-type-\(other)"
+        }
+    }
     static let writeProtected = UInt(CKF_WRITE_PROTECTED)
     static let tokenInitialized = UInt(CKF_TOKEN_INITIALIZED)
     static let userPINInitialized = UInt(CKF_USER_PIN_INITIALIZED)

@@ -24,6 +24,7 @@ func hint(for error: HSMError) -> String? {
         return "write a PIN of a length the token takes into the PIN file"
     }
     return switch error.code {
+    case .keyExists where error.message.contains("not an App Store (EC) key"): "list the token's objects with: p11tool --list-all (gnutls-bin) or pkcs11-tool --list-objects (opensc)"
     case .keyExists: "pass --replace to replace the key on the token"
     case .keyDuplicate: "check that the file is the key App Store Connect lists under the key ID you import it as; if the same key must really carry both key IDs, pass --allow-duplicate-key"
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"

@@ -248,6 +248,38 @@ struct TokenTests {
         #expect(none?.code == .keyNotFound)
     }
 
+    @Test("a key object of another type under the key ID: an import is refused naming it; one added later does not stop the EC key from signing")
+    func foreignKeyType() throws {
+        let token = try SoftHSMFixture.shared.makeToken("foreign-type")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        func addRSAPublicKey(_ keyID: String) throws {
+            try hsm.withReadWriteSession { (session) throws(HSMError) in
+                let (rv, _) = hsm.functions.createObject(session, template: [
+                    Attribute(P11.classAttribute, ulong: P11.publicKeyClass), Attribute(P11.keyType, ulong: P11.rsaKeyType),
+                    Attribute(P11.token, bool: true), Attribute(P11.id, Array(keyID.utf8)),
+                    Attribute(P11.modulus, [0xC1] + [UInt8](repeating: 0x5A, count: 255)), Attribute(P11.publicExponent, [1, 0, 1]),
+                ])
+                #expect(rv == .ok)
+            }
+        }
+        let files = try TestKeyFiles.make()
+        try addRSAPublicKey("FOREIGN001")
+        let refused = #expect(throws: HSMError.self) { _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "FOREIGN001", replace: true) }
+        #expect(refused?.code == .keyExists)
+        #expect(refused?.message.contains("an RSA public key object") == true, "\(refused?.message ?? "")")
+        #expect(try hsm.listKeys().isEmpty)
+        #expect(try hsm.publicKeyOnlyIDs().isEmpty, "an RSA public key is not a 'public key only' App Store key")
+        // An EC key first, a foreign object with its ID afterwards: it still signs.
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "FOREIGN002", replace: false)
+        try addRSAPublicKey("FOREIGN002")
+        hsm.forgetKey(nil)
+        let digest = SHA256.hash([7])
+        let signature = try hsm.sign(digest: digest, keyID: "FOREIGN002")
+        #expect(try ECPublicKey(pem: files.publicKeyPEM).verify(rawSignature: signature.raw, digest: digest))
+        #expect(try hsm.publicKey(keyID: "FOREIGN002").pem == files.publicKeyPEM)
+    }
+
     @Test("EC point: raw and DER-wrapped forms are told apart by length")
     func ecPointForms() throws {
         let point = [0x04] + [UInt8](repeating: 0x11, count: 64)
