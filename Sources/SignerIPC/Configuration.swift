@@ -119,6 +119,30 @@ public struct SignerConfiguration: Sendable, Equatable {
         return found
     }
 
+    /// The settings that differ between `self` and `old` and take effect
+    /// only when signerd starts (the log level, session pool, connection
+    /// and size limits, timeouts): a reload keeps their old values, and
+    /// signerd names them in `config_reload_needs_restart` so that an
+    /// operator is not left believing they changed.
+    /// - Parameter old: the configuration signerd started with.
+    /// - Returns: the changed keys as the file spells them, in file order.
+    public func restartOnlyChanges(from old: SignerConfiguration) -> [String] {
+        let compared: [(String, Bool)] = [
+            ("session_pool_size", sessionPoolSize != old.sessionPoolSize),
+            ("log_level", logLevel != old.logLevel),
+            ("http_threads", httpThreads != old.httpThreads),
+            ("max_connections", maxConnections != old.maxConnections),
+            ("max_connections_per_uid", maxConnectionsPerUID != old.maxConnectionsPerUID),
+            ("max_body_bytes", maxBodyBytes != old.maxBodyBytes),
+            ("max_header_bytes", maxHeaderBytes != old.maxHeaderBytes),
+            ("idle_timeout_seconds", idleTimeoutSeconds != old.idleTimeoutSeconds),
+            ("request_timeout_seconds", requestTimeoutSeconds != old.requestTimeoutSeconds),
+            ("session_checkout_timeout_ms", sessionCheckoutTimeoutMs != old.sessionCheckoutTimeoutMs),
+            ("sign_timeout_ms", signTimeoutMs != old.signTimeoutMs),
+        ]
+        return compared.filter(\.1).map(\.0)
+    }
+
     /// ``maxConnectionsPerUID``, or its default: ``maxConnections``.
     public var effectiveMaxConnectionsPerUID: Int { maxConnectionsPerUID ?? maxConnections }
     /// Largest request body in bytes. Default 65,536.

@@ -279,6 +279,14 @@ func runDaemon() -> Never {
                 let fresh = try SignerConfiguration.load(path: configPath)
                 try service.reload(fresh)
                 logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count))])
+                // Against the start's values, which are the ones in effect.
+                let unchanged = fresh.restartOnlyChanges(from: configuration)
+                if !unchanged.isEmpty {
+                    logger.warning("config_reload_needs_restart", [
+                        "options": .string(unchanged.joined(separator: ", ")),
+                        "hint": "these keep their values from the start until signerd restarts (systemctl restart signerd); the rest of the file is in effect",
+                    ])
+                }
                 for advisory in fresh.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
                 // As at start, a key that cannot sign is named now rather than by the first request;
                 // on a thread of its own, so a slow token cannot hold up the next signal.

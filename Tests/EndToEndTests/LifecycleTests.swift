@@ -316,6 +316,28 @@ struct LifecycleTests {
         #expect(try signAndVerify(client, keyID: "ABC123DEFG", publicKeyPEM: other))
     }
 
+    /// A reload took `log_level` or `max_body_bytes` in silence, and the
+    /// old values stayed: an operator believed they had changed.
+    @Test("a reload that changes settings read only at start names them in config_reload_needs_restart, and they keep their old values")
+    func reloadNamesRestartOnlySettings() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        try daemon.writeConfig(["max_body_bytes": 2048, "log_level": "debug", "rate_limit_per_second": 1000])
+        #expect(daemon.reload())
+        let warned = daemon.logged { $0.contains("\"config_reload_needs_restart\"") }
+        #expect(warned.count == 1, "\(daemon.log.suffix(5))")
+        #expect(warned.first?.contains("\"options\":\"log_level, max_body_bytes\"") == true, "rate_limit_per_second applies at once and is not named: \(warned)")
+        // Still the start's 64 KiB limit: a 3 KB body is read and signed.
+        let padded = #"{"bundle_id": "com.example.app", "key_id": "ABC123DEFG", "product_id": "p", "offer_id": "o"}"# + String(repeating: " ", count: 3000)
+        #expect(try daemon.client().send("POST", "/v1/sign/promotional-offer", body: Array(padded.utf8)).status == 200)
+        // A reload that changes none of them says nothing of the kind.
+        try daemon.writeConfig(["max_body_bytes": 2048, "log_level": "debug", "rate_limit_per_second": 500])
+        #expect(daemon.reload())
+        #expect(daemon.log.filter { $0.contains("\"config_reload_needs_restart\"") }.count == 2,
+                "compared with the file of the last reload, not the start: max_body_bytes and log_level still differ from what is in effect")
+    }
+
     /// `keys import --replace` from signctl while clients sign: the old
     /// objects' handles go stale (or name another object) and, for a
     /// moment, signerd's SoftHSM may see the token half-updated. A tester
