@@ -226,10 +226,13 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         // O_NONBLOCK: a FIFO would otherwise wait for a writer, for good (signerd blocks SIGTERM); fstat refuses it next.
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard fd >= 0 else {
-            if errno == ELOOP {
+            let reason = errno
+            // ELOOP: the last component is a link (O_NOFOLLOW), or a loop of links in the directories above.
+            var link = stat()
+            if reason == ELOOP, lstat(path, &link) == 0, (link.st_mode & S_IFMT) == S_IFLNK {
                 throw HSMError(.pinSourceUnreadable, "the PIN file \(path) is a symbolic link, which is not followed (whoever may change the link chooses the PIN sent); name the file itself")
             }
-            throw HSMError(.pinSourceUnreadable, "cannot open the PIN file \(path): \(String(cString: strerror(errno)))")
+            throw HSMError(.pinSourceUnreadable, "cannot open the PIN file \(path): \(String(cString: strerror(reason)))")
         }
         defer { close(fd) }
         var info = stat()

@@ -417,6 +417,11 @@ struct TokenURITests {
         symlink(good, link)
         let linked = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(link)").readPIN() }
         #expect(linked?.message.contains("symbolic link") == true, "\(linked?.message ?? "")")
+        // A loop of links above the file is not "a symbolic link" at the path.
+        symlink(directory + "/loop-b", directory + "/loop-a")
+        symlink(directory + "/loop-a", directory + "/loop-b")
+        let looped = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(directory)/loop-a/pin").readPIN() }
+        #expect(looped?.message.contains("is a symbolic link") == false && looped?.message.contains("cannot open the PIN file") == true, "\(looped?.message ?? "")")
         let groupReadable = directory + "/group-readable-pin"
         try writeSecretFile(groupReadable, "s3cret\n", mode: 0o640)
         #expect(try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(groupReadable)").readPIN().count == 6)
