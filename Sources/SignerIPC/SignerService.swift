@@ -163,8 +163,9 @@ public final class SignerService: HTTPHandler, Sendable {
             }
             // JSON between systems is UTF-8 (RFC 8259 §8.1), and signerd reads
             // nothing else: a body declared otherwise would be read as UTF-8.
-            // US-ASCII text is UTF-8 text as it is.
-            if let charset = Self.charsets(of: contentType).first(where: { !["utf-8", "us-ascii"].contains($0.lowercased()) }) {
+            // US-ASCII text is UTF-8 text as it is; "utf8" is a common
+            // unregistered spelling of UTF-8.
+            if let charset = Self.charsets(of: contentType).first(where: { !["utf-8", "utf8", "us-ascii"].contains($0.lowercased()) }) {
                 return respond(.failure(APIError(.unsupportedMediaType, "the body's charset is \"\(charset)\", but signerd reads JSON as UTF-8 only (RFC 8259 §8.1); send it as UTF-8 with Content-Type: application/json or application/json; charset=utf-8")))
             }
         }

@@ -25,6 +25,7 @@ struct ContentTypeCharsetTests {
         "application/json; CHARSET=utf-8; foo=bar",
         #"application/json; foo="a;charset=utf-16""#,
         "application/json; Charset=us-ascii",  // ASCII text is UTF-8 text
+        "application/json; charset=utf8",  // a common unregistered spelling
     ]
 
     /// The charset as the message should name it: the value without its quotes.
