@@ -277,10 +277,6 @@ extension HSMToken {
                 Attribute(P11.ecParams, material.curve.parametersDER),
                 Attribute(P11.value, secret: material.scalar),
             ]
-            let (privateRV, privateHandle) = functions.createObject(session, template: privateTemplate)
-            guard privateRV == .ok else {
-                throw HSMError(pkcs11: .createObject, privateRV, message: "cannot create the private key object", tokenLabel: label, keyID: keyID)
-            }
             let publicTemplate: [Attribute] = [
                 Attribute(P11.classAttribute, ulong: P11.publicKeyClass),
                 Attribute(P11.keyType, ulong: P11.ecKeyType),
@@ -297,10 +293,17 @@ extension HSMToken {
                 Attribute(P11.ecParams, material.curve.parametersDER),
                 Attribute(P11.ecPoint, HSMToken.wrappedECPoint(material.publicKey.uncompressedPoint)),
             ]
+            // The public key object first: a signer that finds the new
+            // private key (signerd, during a replace) then always finds its
+            // public key to verify with.
             let (publicRV, publicHandle) = functions.createObject(session, template: publicTemplate)
             guard publicRV == .ok else {
-                _ = functions.destroyObject(session, object: privateHandle)
                 throw HSMError(pkcs11: .createObject, publicRV, message: "cannot create the public key object", tokenLabel: label, keyID: keyID)
+            }
+            let (privateRV, privateHandle) = functions.createObject(session, template: privateTemplate)
+            guard privateRV == .ok else {
+                _ = functions.destroyObject(session, object: publicHandle)
+                throw HSMError(pkcs11: .createObject, privateRV, message: "cannot create the private key object", tokenLabel: label, keyID: keyID)
             }
             // Self-test: sign through the token, verify with the file's public key.
             let digest = SecureRandom.bytes(32)

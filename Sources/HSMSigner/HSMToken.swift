@@ -414,7 +414,10 @@ public final class HSMToken: @unchecked Sendable {
         }
         state.withLock { state in
             state.knownKeys.insert(keyID)
-            if state.keysEpoch == epoch, case .up = state.status { state.keys[keyID] = found }
+            // A key found without its public key object is not kept: the
+            // object may be between two writes of a `keys import --replace`,
+            // and a cached gap would fail every verification until a reload.
+            if state.keysEpoch == epoch, case .up = state.status, found.publicKey != nil { state.keys[keyID] = found }
         }
         return found
     }
@@ -732,7 +735,11 @@ public final class HSMToken: @unchecked Sendable {
         for attempt in 1...3 {
             let digest = SecureRandom.bytes(32)
             let signature = try sign(digest: digest, keyID: keyID)
-            if try signingPublicKey(signature, keyID: keyID).verify(rawSignature: signature.raw, digest: digest) { return }
+            do {
+                if try signingPublicKey(signature, keyID: keyID).verify(rawSignature: signature.raw, digest: digest) { return }
+            } catch where attempt < 3 {
+                // No public key object at this moment: a replacement still being written.
+            }
             if attempt == 2 { usleep(50_000) }  // a replacement still being written
             forgetKey(keyID)
         }

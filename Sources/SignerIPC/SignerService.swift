@@ -520,25 +520,28 @@ public final class SignerService: HTTPHandler, Sendable {
             throw APIError(.internalError, "the token returned a malformed signature; nothing was returned")
         }
         if config.verifyBeforeReturn {
-            let verified: Bool
+            var verified = false
+            var keyProblem: HSMError?
             do {
                 // The key that signed, not a second look-up: during an outage
                 // that could find the key gone and answer 404 for a signature made.
                 verified = try token.signingPublicKey(signature, keyID: keyID).verify(derSignature: der, digest: digest)
             } catch {
-                throw apiError(error, keyID: keyID)
+                keyProblem = error  // no public key object found with the key
             }
             guard verified else {
                 // Cached key objects older than a key replaced on the token
-                // are looked up again before a failure is declared: at once,
-                // then once more after 50 ms, in case the replacement
-                // (`keys import --replace` in another process) was still
-                // being written.
+                // (or found while its public key object was between two
+                // writes) are looked up again before a failure is declared:
+                // at once, then once more after 50 ms, in case the
+                // replacement (`keys import --replace` in another process)
+                // was still being written.
                 if attempt < 3 {
                     if attempt == 2 { usleep(50_000) }
                     token.forgetKey(keyID)
                     return try sign(digest: digest, keyID: keyID, config, attempt: attempt + 1)
                 }
+                if let keyProblem { throw apiError(keyProblem, keyID: keyID) }
                 metrics.count("verification_failures")
                 logger.error("signature_not_verified", ["key.id": .string(keyID), "token.label": .string(token.label)])
                 throw APIError(.internalError, "the signature made by the token did not verify with key \(keyID)'s public key; it was not returned")

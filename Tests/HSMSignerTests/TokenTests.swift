@@ -280,6 +280,34 @@ struct TokenTests {
         #expect(try hsm.publicKey(keyID: "FOREIGN002").pem == files.publicKeyPEM)
     }
 
+    @Test("a key looked up while its public key object is missing is not cached: once the object is back, the self-test passes without a reload")
+    func publicKeyGapNotCached() throws {
+        let token = try SoftHSMFixture.shared.makeToken("pub-gap")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "PUBGAP0001", replace: false)
+        let publicKey = try ECPublicKey(pem: files.publicKeyPEM)
+        let template = [Attribute(P11.classAttribute, ulong: P11.publicKeyClass), Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.id, Array("PUBGAP0001".utf8))]
+        // The public key object goes (as between two writes of an import elsewhere).
+        try hsm.withReadWriteSession { (session) throws(HSMError) in
+            for handle in try hsm.find(session, template) { #expect(hsm.functions.destroyObject(session, object: handle) == .ok) }
+        }
+        hsm.forgetKey(nil)
+        _ = try hsm.sign(digest: SHA256.hash([1]), keyID: "PUBGAP0001")  // signs; the look-up found no public key
+        #expect(throws: HSMError.self) { try hsm.publicKey(keyID: "PUBGAP0001") }
+        // It comes back.
+        try hsm.withReadWriteSession { (session) throws(HSMError) in
+            let (rv, _) = hsm.functions.createObject(session, template: template + [
+                Attribute(P11.token, bool: true), Attribute(P11.label, Array("PUBGAP0001".utf8)),
+                Attribute(P11.ecParams, ECCurve.p256.parametersDER), Attribute(P11.ecPoint, HSMToken.wrappedECPoint(publicKey.uncompressedPoint)),
+            ])
+            #expect(rv == .ok)
+        }
+        #expect(try hsm.publicKey(keyID: "PUBGAP0001").pem == files.publicKeyPEM, "the gap was cached")
+        try hsm.selfTest(keyID: "PUBGAP0001")
+    }
+
     @Test("EC point: raw and DER-wrapped forms are told apart by length")
     func ecPointForms() throws {
         let point = [0x04] + [UInt8](repeating: 0x11, count: 64)
