@@ -130,9 +130,8 @@ public struct SignerConfiguration: Sendable, Equatable {
         let compared: [(String, Bool)] = [
             ("session_pool_size", sessionPoolSize != old.sessionPoolSize),
             ("log_level", logLevel != old.logLevel),
-            ("http_threads", httpThreads != old.httpThreads),
             ("max_connections", maxConnections != old.maxConnections),
-            ("max_connections_per_uid", maxConnectionsPerUID != old.maxConnectionsPerUID),
+            ("max_connections_per_uid", effectiveMaxConnectionsPerUID != old.effectiveMaxConnectionsPerUID),
             ("max_body_bytes", maxBodyBytes != old.maxBodyBytes),
             ("max_header_bytes", maxHeaderBytes != old.maxHeaderBytes),
             ("idle_timeout_seconds", idleTimeoutSeconds != old.idleTimeoutSeconds),

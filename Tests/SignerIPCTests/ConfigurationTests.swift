@@ -147,6 +147,22 @@ struct ConfigurationTests {
     }
 }
 
+@Suite("Settings a reload cannot change")
+struct RestartOnlyChangesTests {
+    @Test("named by the value in effect: max_connections_per_uid written as its default is no change; http_threads (ignored) is never named")
+    func effectiveValues() {
+        let start = SignerConfiguration(tokenURI: "pkcs11:token=x?module-path=/x.so&pin-source=file:/p")
+        var file = start
+        file.maxConnectionsPerUID = start.maxConnections
+        file.httpThreads = 4
+        #expect(file.restartOnlyChanges(from: start).isEmpty)
+        file.maxConnectionsPerUID = 10
+        file.logLevel = .debug
+        file.rateLimitPerSecond = 5  // applies at once
+        #expect(file.restartOnlyChanges(from: start) == ["log_level", "max_connections_per_uid"])
+    }
+}
+
 @Suite("Command-line arguments")
 struct ArgumentsTests {
     @Test("options, flags, = form, -- and positionals")
