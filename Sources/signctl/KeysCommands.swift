@@ -29,6 +29,7 @@ func hint(for error: HSMError) -> String? {
     case .keyDuplicate: "check that the file is the key App Store Connect lists under the key ID you import it as; if the same key must really carry both key IDs, pass --allow-duplicate-key"
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
     case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made"
+    case .pinSourceInsecure where error.message.contains("belongs to uid"): "chown the PIN file to root or to the user signctl runs as (and chmod 0600 it)"
     case .pinSourceInsecure: "chmod 0600 the PIN file"
     case .pinSourceUnreadable: "the PIN file must be a regular file this user can read, with the PIN alone on one line"
     case .pkcs11Failure: pkcs11FailureHint(function: error.function)
