@@ -842,6 +842,16 @@ public final class HTTPServer: @unchecked Sendable {
                     state.earlyAnswer = early
                     return .YES
                 }
+                // A declared body within the drain limit is read and thrown
+                // away first, as for a 413: a client that writes its whole
+                // body before it reads would otherwise meet a broken pipe
+                // instead of this answer. A chunked one, or one held back
+                // for a go-ahead, is answered now.
+                if let contentLength, contentLength <= server.options.drainedBodyLimit, !HTTPServer.expectsContinue(connection) {
+                    state.earlyAnswer = early
+                    state.tooLarge = true  // discard what arrives
+                    return .YES
+                }
                 state.answered = true
                 return server.queue(early, path: state.path, on: connection)
             }

@@ -65,6 +65,25 @@ struct OversizedBodyTests {
         #expect(signed.status == 200)
     }
 
+    /// The same broken pipe met a large body sent to an unknown path or
+    /// with the wrong `Content-Type`: those are answered from the head too.
+    @Test("answers decided from the head (404, 415) reach a client that writes a 300 KB body first, and the connection keeps serving",
+          arguments: [("/v1/no-such-endpoint", "application/json", 404, "not_found"), (path, "text/plain", 415, "unsupported_media_type")])
+    func headAnswersAfterTheBody(target: String, contentType: String, status: Int, code: String) throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 10)
+        defer { connection.close() }
+        let size = 300 * 1024
+        try connection.write(Array("POST \(target) HTTP/1.1\r\nHost: signerd\r\nContent-Type: \(contentType)\r\nContent-Length: \(size)\r\n\r\n".utf8)
+                             + [UInt8](repeating: UInt8(ascii: "a"), count: size))
+        let answer = try Self.readResponse(connection)
+        #expect(answer.head.hasPrefix("HTTP/1.1 \(status)"), "\(answer.head)")
+        #expect(answer.body.contains("\"\(code)\""), "\(answer.body)")
+        try connection.write(Array("GET /healthz HTTP/1.1\r\nHost: signerd\r\n\r\n".utf8))
+        #expect(try Self.readResponse(connection).head.hasPrefix("HTTP/1.1 200"))
+    }
+
     @Test("a body past the drain limit, or sent with Expect: 100-continue, is answered 413 from the head, before any body byte")
     func answeredFromTheHead() throws {
         let daemon = try InProcessDaemon()
