@@ -236,11 +236,10 @@ extension HSMToken {
         }
         let idBytes = Array(keyID.utf8)
         return try withReadWriteSession { (session) throws(HSMError) -> KeyImportResult in
-            let old = try keyObjects(session, keyID: keyID)
+            let (old, foreign) = try keyObjects(session, keyID: keyID)
             // A key object of another type under this key ID (not an App
             // Store key, made by another tool) would stay beside the import
             // and make the key ID name two keys.
-            let foreign = try foreignKeyObjects(session, keyID: keyID)
             if !foreign.isEmpty {
                 var error = HSMError(.keyExists, "key ID \(keyID) is already carried by \(foreign.joined(separator: " and ")) on token \(label), not an App Store (EC) key; signctl neither replaces nor deletes it: remove it with the tool that made it, or import under another key ID")
                 error.keyID = keyID
@@ -350,28 +349,18 @@ extension HSMToken {
         return holders.sorted()
     }
 
-    /// The EC private and public key objects with `keyID` as `CKA_ID` or
-    /// `CKA_LABEL`: what an import replaces and a delete removes. Other
-    /// objects that happen to carry the same label or ID (data objects,
-    /// certificates, keys of another type) are left alone.
+    /// The key objects with `keyID` as `CKA_ID` or `CKA_LABEL`, split by key
+    /// type: the EC private and public key objects (what an import replaces
+    /// and a delete removes), and descriptions (`an RSA public key object`)
+    /// of key objects of any other type, which signctl leaves alone. Other
+    /// objects with that label or ID (data objects, certificates) are not
+    /// key objects and are not returned.
     ///
-    /// The corresponding PKCS#11 functions are `C_FindObjectsInit`, `C_FindObjects` and `C_FindObjectsFinal`.
-    func keyObjects(_ session: UInt, keyID: String) throws(HSMError) -> [UInt] {
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and `C_GetAttributeValue` (`CKA_KEY_TYPE`).
+    func keyObjects(_ session: UInt, keyID: String) throws(HSMError) -> (ec: [UInt], other: [String]) {
         let idBytes = Array(keyID.utf8)
-        var found: Set<UInt> = []
-        for objectClass in [P11.privateKeyClass, P11.publicKeyClass] {
-            for naming in [Attribute(P11.id, idBytes), Attribute(P11.label, idBytes)] {
-                found.formUnion(try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.keyType, ulong: P11.ecKeyType), naming]))
-            }
-        }
-        return found.sorted()
-    }
-
-    /// Descriptions (`an RSA private key object`) of the key objects that
-    /// carry `keyID` as `CKA_ID` or `CKA_LABEL` but are not EC keys.
-    func foreignKeyObjects(_ session: UInt, keyID: String) throws(HSMError) -> [String] {
-        let idBytes = Array(keyID.utf8)
-        var found: [String] = []
+        var ec: Set<UInt> = []
+        var other: [String] = []
         for (objectClass, kind) in [(P11.privateKeyClass, "private"), (P11.publicKeyClass, "public")] {
             var handles: Set<UInt> = []
             for naming in [Attribute(P11.id, idBytes), Attribute(P11.label, idBytes)] {
@@ -380,11 +369,14 @@ extension HSMToken {
             for handle in handles.sorted() {
                 let bytes = try readAttribute(session, handle, P11.keyType, keyID: keyID)
                 let type = bytes.flatMap { $0.count == MemoryLayout<UInt>.size ? $0.withUnsafeBytes { $0.loadUnaligned(as: UInt.self) } : nil }
-                guard type != P11.ecKeyType else { continue }
-                found.append("\(P11.keyTypeName(type)) \(kind) key object")
+                if type == P11.ecKeyType {
+                    ec.insert(handle)
+                } else {
+                    other.append("\(P11.keyTypeName(type)) \(kind) key object")
+                }
             }
         }
-        return found
+        return (ec.sorted(), other)
     }
 
     /// Removes the EC private and public key objects with `keyID` as
@@ -397,7 +389,7 @@ extension HSMToken {
     @discardableResult
     public func deleteKey(keyID: String) throws(HSMError) -> Int {
         let count = try withReadWriteSession { (session) throws(HSMError) -> Int in
-            let objects = try keyObjects(session, keyID: keyID)
+            let objects = try keyObjects(session, keyID: keyID).ec
             guard !objects.isEmpty else {
                 var error = HSMError(.keyNotFound, "no EC key objects with key ID \(keyID) on token \(label)")
                 error.keyID = keyID

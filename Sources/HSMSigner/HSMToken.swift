@@ -709,6 +709,25 @@ public final class HSMToken: @unchecked Sendable {
         }
     }
 
+    /// How many signatures a check makes before it believes that the
+    /// token's signature does not verify with the key's public key.
+    package static let verificationAttempts = 3
+
+    /// Gets ready to sign again after a signature that did not verify with
+    /// the key's public key (or found none): forgets the cached objects,
+    /// which may predate a key replaced by another process, and before the
+    /// last attempt waits 50 ms for a replacement still being written.
+    /// - Parameters:
+    ///   - keyID: the key that signed.
+    ///   - attempt: the attempt that failed, from 1.
+    /// - Returns: false when that was the last of ``verificationAttempts``.
+    package func prepareVerificationRetry(keyID: String, after attempt: Int) -> Bool {
+        guard attempt < Self.verificationAttempts else { return false }
+        if attempt == Self.verificationAttempts - 1 { usleep(50_000) }
+        forgetKey(keyID)
+        return true
+    }
+
     /// The pauses, in microseconds, a signer waits for a key another
     /// process is replacing before it believes a key gone, doubled or
     /// stale for good: 155 ms in all.
@@ -732,16 +751,17 @@ public final class HSMToken: @unchecked Sendable {
         // --replace` from another process) is looked up again by the sign.
         // A mismatch is retried once after forgetting the cached objects,
         // so only a pair that disagrees on the token itself fails.
-        for attempt in 1...3 {
+        var attempt = 1
+        while true {
             let digest = SecureRandom.bytes(32)
             let signature = try sign(digest: digest, keyID: keyID)
             do {
                 if try signingPublicKey(signature, keyID: keyID).verify(rawSignature: signature.raw, digest: digest) { return }
-            } catch where attempt < 3 {
+            } catch where attempt < Self.verificationAttempts {
                 // No public key object at this moment: a replacement still being written.
             }
-            if attempt == 2 { usleep(50_000) }  // a replacement still being written
-            forgetKey(keyID)
+            guard prepareVerificationRetry(keyID: keyID, after: attempt) else { break }
+            attempt += 1
         }
         var error = HSMError(.verificationFailed, "the token's signature with key \(keyID) did not verify with its public key")
         error.keyID = keyID

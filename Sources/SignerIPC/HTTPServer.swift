@@ -794,6 +794,15 @@ public final class HTTPServer: @unchecked Sendable {
         return Int(value) ?? Int.max
     }
 
+    /// Whether a request answered before its body is read has that body
+    /// read and thrown away first, so that a client writing it all before
+    /// reading sees the answer: a declared `Content-Length` within
+    /// ``HTTPServerOptions/drainedBodyLimit``, and no `Expect: 100-continue`.
+    private func drainsBody(declared length: Int?, _ connection: OpaquePointer) -> Bool {
+        guard let length else { return false }
+        return length <= options.drainedBodyLimit && !HTTPServer.expectsContinue(connection)
+    }
+
     /// Whether the request carries `Expect: 100-continue` (RFC 9110 §10.1.1):
     /// its client waits for a go-ahead before it sends the body, so a final
     /// answer from the head reaches it without a body to throw away.
@@ -847,7 +856,7 @@ public final class HTTPServer: @unchecked Sendable {
                 // body before it reads would otherwise meet a broken pipe
                 // instead of this answer. A chunked one, or one held back
                 // for a go-ahead, is answered now.
-                if let contentLength, contentLength <= server.options.drainedBodyLimit, !HTTPServer.expectsContinue(connection) {
+                if server.drainsBody(declared: contentLength, connection) {
                     state.earlyAnswer = early
                     state.tooLarge = true  // discard what arrives
                     return .YES
@@ -867,7 +876,7 @@ public final class HTTPServer: @unchecked Sendable {
                 // reading gets the 413, not a broken pipe. Still bounded by
                 // request_timeout_seconds. A body past the drain limit, or one
                 // the client holds back until told to go on, is answered now.
-                if contentLength <= server.options.drainedBodyLimit && !HTTPServer.expectsContinue(connection) {
+                if server.drainsBody(declared: contentLength, connection) {
                     state.tooLarge = true
                     return .YES
                 }

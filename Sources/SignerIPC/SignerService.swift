@@ -497,9 +497,10 @@ public final class SignerService: HTTPHandler, Sendable {
 
     /// Signs a SHA-256 digest with `keyID` and, when configured, verifies the
     /// signature with the key's public key before it may leave.
-    /// A signature that does not verify is made once more after the key's
-    /// cached objects are forgotten (`attempt` 2), for a key replaced on the
-    /// token since they were read.
+    /// A signature that does not verify (or whose key has no public key) is
+    /// made again after the key's cached objects are forgotten, as
+    /// ``HSMToken/prepareVerificationRetry(keyID:after:)`` paces it, for a
+    /// key replaced on the token since they were read.
     /// - Returns: raw `r ‖ s` (64 bytes) and DER.
     /// - Throws: `hsm_unavailable` (503, with `Retry-After`), `key_not_found`,
     ///   `internal` (500) for a signature that did not verify (never returned).
@@ -536,9 +537,7 @@ public final class SignerService: HTTPHandler, Sendable {
                 // at once, then once more after 50 ms, in case the
                 // replacement (`keys import --replace` in another process)
                 // was still being written.
-                if attempt < 3 {
-                    if attempt == 2 { usleep(50_000) }
-                    token.forgetKey(keyID)
+                if token.prepareVerificationRetry(keyID: keyID, after: attempt) {
                     return try sign(digest: digest, keyID: keyID, config, attempt: attempt + 1)
                 }
                 if let keyProblem { throw apiError(keyProblem, keyID: keyID) }
