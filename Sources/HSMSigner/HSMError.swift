@@ -34,6 +34,10 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         public static let keyNotFound = Code(rawValue: "key_not_found")
         /// A key with this key ID is already on the token.
         public static let keyExists = Code(rawValue: "key_exists")
+        /// A key object of another type (RSA, a secret key, …: not an App
+        /// Store EC key) already carries this key ID. `--replace` does not
+        /// help: signerd neither replaces nor deletes what another tool made.
+        public static let keyIDConflict = Code(rawValue: "key_id_conflict")
         /// The key being imported is already on the token under another key
         /// ID: a public key object with another `CKA_ID` holds the same
         /// `CKA_EC_POINT`.
@@ -67,6 +71,10 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
     public var tokenLabel: String?
     /// The key ID involved.
     public var keyID: String?
+    /// For ``Code/pinSourceInsecure``: the uid that owns the PIN file, when
+    /// its owner (neither root nor the reading process's uid) is what is
+    /// wrong, rather than its mode.
+    public var fileOwner: UInt32?
     /// For ``Code/tokenUnavailable`` and ``Code/sessionUnavailable``: seconds
     /// after which a retry may succeed.
     public var retryAfter: Double?

@@ -219,7 +219,9 @@ extension HSMToken {
     ///   - allowDuplicateKey: whether the key may also be on the token under
     ///     other key IDs (``KeyImportResult/duplicateOf`` names them).
     /// - Returns: what was imported.
-    /// - Throws: ``HSMError/Code/keyExists`` (without `replace`),
+    /// - Throws: ``HSMError/Code/keyIDConflict`` when a key object of
+    ///   another type carries the key ID (with or without `replace`),
+    ///   ``HSMError/Code/keyExists`` (without `replace`),
     ///   ``HSMError/Code/keyDuplicate`` naming the other key IDs (without
     ///   `allowDuplicateKey`), both before any change;
     ///   ``HSMError/Code/verificationFailed`` (self-test), `pkcs11_failure`.
@@ -241,7 +243,7 @@ extension HSMToken {
             // Store key, made by another tool) would stay beside the import
             // and make the key ID name two keys.
             if !foreign.isEmpty {
-                var error = HSMError(.keyExists, "key ID \(keyID) is already carried by \(foreign.joined(separator: " and ")) on token \(label), not an App Store (EC) key; signctl neither replaces nor deletes it: remove it with the tool that made it, or import under another key ID")
+                var error = HSMError(.keyIDConflict, "key ID \(keyID) is already carried by \(foreign.joined(separator: " and ")) on token \(label), not an App Store (EC) key; signctl neither replaces nor deletes it: remove it with the tool that made it, or import under another key ID")
                 error.keyID = keyID
                 error.tokenLabel = label
                 throw error

@@ -245,7 +245,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             throw HSMError(.pinSourceInsecure, "the PIN file \(path) is readable or writable by other users, or writable by its group (mode \(String(info.st_mode & 0o777, radix: 8))); run chmod 0600 (or 0640 with the daemon's group) on it")
         }
         guard info.st_uid == 0 || info.st_uid == geteuid() else {
-            throw HSMError(.pinSourceInsecure, "the PIN file \(path) belongs to uid \(info.st_uid), neither root nor this process's uid \(geteuid()), so that user could change the PIN sent; chown it to root or to the user signerd runs as")
+            var error = HSMError(.pinSourceInsecure, "the PIN file \(path) belongs to uid \(info.st_uid), neither root nor this process's uid \(geteuid()), so that user could change the PIN sent; chown it to root or to the user signerd runs as")
+            error.fileOwner = UInt32(info.st_uid)
+            throw error
         }
         let maximum = 256
         let pin = SecureBytes(capacity: maximum) { buffer in

@@ -6,7 +6,7 @@ func exitCode(for error: HSMError) -> ExitCode {
     // A token without a user PIN is a set-up problem, not a failure of signctl.
     if error.returnValue == .userPinNotInitialized { return .config }
     return switch error.code {
-    case .keyNotFound, .keyExists, .keyDuplicate, .keyInvalid, .verificationFailed: .dataError
+    case .keyNotFound, .keyExists, .keyIDConflict, .keyDuplicate, .keyInvalid, .verificationFailed: .dataError
     case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
     case .pinRejected: .noPermission
     // token_not_found, token_unavailable, session_unavailable, sign_timeout
@@ -24,12 +24,12 @@ func hint(for error: HSMError) -> String? {
         return "write a PIN of a length the token takes into the PIN file"
     }
     return switch error.code {
-    case .keyExists where error.message.contains("not an App Store (EC) key"): "list the token's objects with: p11tool --list-all (gnutls-bin) or pkcs11-tool --list-objects (opensc)"
+    case .keyIDConflict: "list the token's objects with: p11tool --list-all (gnutls-bin) or pkcs11-tool --list-objects (opensc)"
     case .keyExists: "pass --replace to replace the key on the token"
     case .keyDuplicate: "check that the file is the key App Store Connect lists under the key ID you import it as; if the same key must really carry both key IDs, pass --allow-duplicate-key"
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
     case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made"
-    case .pinSourceInsecure where error.message.contains("belongs to uid"): "chown the PIN file to root or to the user signctl runs as (and chmod 0600 it)"
+    case .pinSourceInsecure where error.fileOwner != nil: "chown the PIN file to root or to the user signctl runs as (and chmod 0600 it)"
     case .pinSourceInsecure: "chmod 0600 the PIN file"
     case .pinSourceUnreadable: "the PIN file must be a regular file this user can read, with the PIN alone on one line"
     case .pkcs11Failure: pkcs11FailureHint(function: error.function)

@@ -318,6 +318,47 @@ struct SignctlPublicKeyOnlyTests {
 
 @Suite("signctl: errors that say what to do about them")
 struct SignctlHintTests {
+    /// The two hints below were chosen by matching text in the message;
+    /// they now follow the error's code (`key_id_conflict`) and its
+    /// `fileOwner` context, so a reworded message cannot lose them.
+    @Test("a key ID carried by an RSA object is key_id_conflict (65) with a listing hint, not --replace; a PIN file of another uid gets a chown hint (78)",
+          .enabled(if: geteuid() == 0, "giving the PIN file to another uid (chown) needs root"))
+    func hintsFollowCodes() throws {
+        let (token, config) = try tokenConfig("conflict")
+        var options = TokenOptions()
+        options.logger = .disabled
+        let hsm = try HSMToken(uri: PKCS11URI(token.uri), options: options)
+        let created = try hsm.withReadWriteSession { (session) throws(HSMError) -> PKCS11ReturnValue in
+            hsm.functions.createObject(session, template: [
+                Attribute(P11.classAttribute, ulong: P11.publicKeyClass), Attribute(P11.keyType, ulong: P11.rsaKeyType),
+                Attribute(P11.token, bool: true), Attribute(P11.id, Array("CONFLICT01".utf8)),
+                Attribute(P11.modulus, [0xC1] + [UInt8](repeating: 0x5A, count: 255)), Attribute(P11.publicExponent, [1, 0, 1]),
+            ]).0
+        }
+        hsm.close()
+        try #require(created == .ok)
+        let files = try TestKeyFiles.make()
+        for replace in [false, true] {
+            let refused = runSignctl(["--config", config, "keys", "import", "--key-id", "CONFLICT01", files.sec1] + (replace ? ["--replace"] : []))
+            #expect(refused.status == 65, "\(refused.stderr)")
+            #expect(refused.stderr.hasPrefix("error: key_id_conflict: key ID CONFLICT01 is already carried by an RSA public key object"), "\(refused.stderr)")
+            #expect(refused.stderr.contains("hint: list the token's objects with: p11tool --list-all"), "\(refused.stderr)")
+            #expect(!refused.stderr.contains("pass --replace to replace the key"), "\(refused.stderr)")
+        }
+        // The PIN file given to nobody: signctl names the owner and says chown, not chmod.
+        let directory = TemporaryDirectory.make(prefix: "signerd-pin-owner")
+        let pinPath = directory + "/pin"
+        try FileManager.default.copyItem(atPath: token.pinPath, toPath: pinPath)
+        #expect(chown(pinPath, 65534, 65534) == 0)
+        let ownedConfig = directory + "/signerd.json"
+        try #"{"token_uri": "pkcs11:token=\#(token.label)?module-path=\#(token.modulePath)&pin-source=file:\#(pinPath)"}"#
+            .write(toFile: ownedConfig, atomically: false, encoding: .utf8)
+        let owned = runSignctl(["--config", ownedConfig, "keys", "list"])
+        #expect(owned.status == 78, "\(owned.stderr)")
+        #expect(owned.stderr.contains("belongs to uid 65534"), "\(owned.stderr)")
+        #expect(owned.stderr.contains("hint: chown the PIN file to root or to the user signctl runs as"), "\(owned.stderr)")
+    }
+
     /// The Runbook's `signctl --config /etc/signerd/signerd.json keys import`
     /// failed on the service's pin-source (systemd's credential) with no hint.
     @Test("a pin-source under /run/credentials/ is refused (78) with a hint to use an operator configuration",

@@ -266,7 +266,7 @@ struct TokenTests {
         let files = try TestKeyFiles.make()
         try addRSAPublicKey("FOREIGN001")
         let refused = #expect(throws: HSMError.self) { _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "FOREIGN001", replace: true) }
-        #expect(refused?.code == .keyExists)
+        #expect(refused?.code == .keyIDConflict)
         #expect(refused?.message.contains("an RSA public key object") == true, "\(refused?.message ?? "")")
         #expect(try hsm.listKeys().isEmpty)
         #expect(try hsm.publicKeyOnlyIDs().isEmpty, "an RSA public key is not a 'public key only' App Store key")
@@ -474,6 +474,7 @@ struct TokenURITests {
         #expect(chown(path, 65534, 65534) == 0)
         let refused = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(path)").readPIN() }
         #expect(refused?.code == .pinSourceInsecure)
+        #expect(refused?.fileOwner == 65534)
         #expect(refused?.message.contains("uid 65534") == true, "\(refused?.message ?? "")")
         #expect(chown(path, 0, 0) == 0)
         #expect(try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(path)").readPIN().count == 6)
