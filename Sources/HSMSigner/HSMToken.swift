@@ -455,15 +455,41 @@ public final class HSMToken: @unchecked Sendable {
     /// - Parameters:
     ///   - keyID: the App Store key ID (the objects' `CKA_ID`).
     ///   - maxAge: how old, in seconds, a cached key may be.
-    /// - Throws: as ``publicKey(keyID:)``; ``HSMError/Code/tokenUnavailable``
-    ///   while the token is down.
+    /// - Throws: as ``publicKey(keyID:)``, after waiting up to
+    ///   ``keySettleMicroseconds`` in all when a key that was whole is found
+    ///   missing or half-written (another process replacing it);
+    ///   ``HSMError/Code/tokenUnavailable`` while the token is down.
     public func currentPublicKey(keyID: String, maxAge: Double) throws(HSMError) -> ECPublicKey {
         try checkUp()
-        let (cached, epoch) = state.withLock { ($0.keys[keyID], $0.keysEpoch) }
-        if let cached, Double(MonotonicClock.nanoseconds(from: cached.readAt, to: MonotonicClock.now())) < maxAge * 1e9 {
-            return try Self.publicKey(of: cached, keyID: keyID)
+        var settled = 0
+        // Whether the key was cached whole when this call began; a signer
+        // settling the same key forgets it from the cache meanwhile.
+        var wasWhole: Bool?
+        while true {
+            let (cached, epoch) = state.withLock { ($0.keys[keyID], $0.keysEpoch) }
+            if let cached, Double(MonotonicClock.nanoseconds(from: cached.readAt, to: MonotonicClock.now())) < maxAge * 1e9 {
+                return try Self.publicKey(of: cached, keyID: keyID)
+            }
+            if wasWhole == nil { wasWhole = cached?.publicKey != nil }
+            do {
+                return try Self.publicKey(of: lookUpAndCache(keyID, epoch: epoch), keyID: keyID)
+            } catch {
+                // A key read whole before, now missing, doubled or without
+                // its public key object: most likely another process is
+                // replacing it (`keys import --replace`). Wait for it as
+                // sign(digest:keyID:) does; if it stays broken, forget it,
+                // so that the next listing does not wait again.
+                let inFlux = error.code == .keyNotFound || error.code == .keyInvalid
+                    || (error.returnValue.map { Self.keyInFluxFailures.contains($0) } ?? false)
+                guard inFlux, wasWhole == true else { throw error }
+                guard settled < Self.keySettleMicroseconds.count else {
+                    forgetKey(keyID)
+                    throw error
+                }
+                usleep(Self.keySettleMicroseconds[settled])
+                settled += 1
+            }
         }
-        return try Self.publicKey(of: lookUpAndCache(keyID, epoch: epoch), keyID: keyID)
     }
 
     private static func publicKey(of key: CachedKey, keyID: String) throws(HSMError) -> ECPublicKey {
