@@ -67,7 +67,10 @@ public protocol HTTPHandler: Sendable {
     /// Called once the request head is in, before any body is read. A
     /// response returned here is sent at once and the body is not read
     /// (403 for a peer not allowed, 404, 405, 413 by `Content-Length`, 415).
-    func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse?
+    ///
+    /// `contentTypes` holds every `Content-Type` header's value, in order
+    /// (RFC 9110 §8.3 allows one).
+    func preflight(method: String, path: String, contentTypes: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse?
     /// Handles a complete request on its connection's thread. When
     /// ``mayBlock(path:)`` says so it may block in PKCS#11, and the watchdog
     /// answers for it if it is still inside at the signing timeout.
@@ -687,6 +690,8 @@ public final class HTTPServer: @unchecked Sendable {
         var lengths: [String] = []
         /// Every `Transfer-Encoding` value, in order.
         var codings: [String] = []
+        /// Every `Content-Type` value, in order.
+        var contentTypes: [String] = []
         /// The header lines' size as sent in the usual form
         /// (`Name: value` CRLF each), in bytes.
         var bytes = 0
@@ -704,6 +709,8 @@ public final class HTTPServer: @unchecked Sendable {
                         scan.pointee.lengths.append(value.map { String(cString: $0) } ?? "")
                     } else if strcasecmp(key, "Transfer-Encoding") == 0 {
                         scan.pointee.codings.append(value.map { String(cString: $0) } ?? "")
+                    } else if strcasecmp(key, "Content-Type") == 0 {
+                        scan.pointee.contentTypes.append(value.map { String(cString: $0) } ?? "")
                     }
                     return .YES
                 }, pointer)
@@ -843,10 +850,17 @@ public final class HTTPServer: @unchecked Sendable {
                 server.handler.sent(status: response.status, path: state.path)
                 return .NO
             }
-            let contentType = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Type").map { String(cString: $0) }
             let lengthHeader = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length").map { String(cString: $0) }
             let contentLength = lengthHeader.flatMap(HTTPServer.declaredLength)
-            if let early = server.handler.preflight(method: methodName, path: state.path, contentType: contentType, contentLength: contentLength, peer: peer) {
+            if var early = server.handler.preflight(method: methodName, path: state.path, contentTypes: headers.contentTypes, contentLength: contentLength, peer: peer) {
+                if HTTPServer.framingProblem(headers, method: methodName) != nil {
+                    // Where the body ends is in doubt: answer now and close,
+                    // or bytes the client sent as a body would be read as
+                    // its next request.
+                    early.headers.append(("Connection", "close"))
+                    state.answered = true
+                    return server.queue(early, path: state.path, on: connection)
+                }
                 if HTTPServer.hasNoBody(headers, method: methodName) {
                     state.earlyAnswer = early
                     return .YES

@@ -130,12 +130,12 @@ public final class SignerService: HTTPHandler, Sendable {
     /// - Parameters:
     ///   - method: the request method.
     ///   - path: the request path.
-    ///   - contentType: the `Content-Type` header, if any.
+    ///   - contentTypes: every `Content-Type` header's value, in order.
     ///   - contentLength: the `Content-Length` header; unused here (the server
     ///     checks it against the body limit).
     ///   - peer: the caller's `SO_PEERCRED` credentials.
     /// - Returns: the error response, or nil to read the body and go on.
-    public func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? {
+    public func preflight(method: String, path: String, contentTypes: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? {
         let route = Route(path: path)
         let config = configuration
         // Who may call comes first: a peer that is not allowed learns nothing, not even which paths exist.
@@ -158,8 +158,13 @@ public final class SignerService: HTTPHandler, Sendable {
             return respond(.failure(error))
         }
         if route.method == "POST" {
-            guard let contentType, Self.isJSON(contentType) else {
-                return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentType ?? "none")")))
+            // One media type (RFC 9110 §8.3): with two, which one the body
+            // is in cannot be told, and a charset in the second was ignored.
+            guard contentTypes.count <= 1 else {
+                return respond(.failure(APIError(.unsupportedMediaType, "the request has \(contentTypes.count) Content-Type headers (\(contentTypes.joined(separator: " and "))); send one: application/json")))
+            }
+            guard let contentType = contentTypes.first, Self.isJSON(contentType) else {
+                return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentTypes.first ?? "none")")))
             }
             // JSON between systems is UTF-8 (RFC 8259 §8.1), and signerd reads
             // nothing else: a body declared otherwise would be read as UTF-8.

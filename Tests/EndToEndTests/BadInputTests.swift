@@ -265,7 +265,7 @@ struct BadInputTests {
 
     /// RFC 9112 §6.3: libmicrohttpd took the first of two Content-Length
     /// values and answered the rest of the body as a second, pipelined request.
-    @Test("ambiguous or missing framing (two Content-Length values, Content-Length with Transfer-Encoding, a folded Content-Length, a coding other than chunked) gets 400 bad_request and a closed connection")
+    @Test("ambiguous or missing framing (two Content-Length values, Content-Length with Transfer-Encoding, a folded Content-Length, a coding other than chunked) gets 400 bad_request and a closed connection; a 404, 405 or 415 for such a request closes it too")
     func ambiguousFraming() throws {
         let sign = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
         let smuggled = "GET /v1/keys HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -289,6 +289,24 @@ struct BadInputTests {
             #expect(text.hasPrefix("HTTP/1.1 400"), "\(head): \(text)")
             #expect(text.contains("\"bad_request\"") && text.contains("RFC 9112"), "\(text)")
             #expect(text.components(separatedBy: "HTTP/1.1 ").count == 2, "one response, no second request read from the body: \(text)")
+        }
+        // A request answered from its head (404, 405, 415) with the same
+        // framing: the answer closes the connection too. It was kept open,
+        // and the body's smuggled request answered (or, for a coding other
+        // than chunked, the connection hung until the slow-request drop).
+        let answeredFromHead = [("POST /nope", "application/json", "404"), ("POST /healthz", "application/json", "405"), ("POST \(Self.offer)", "text/plain", "415")]
+        for (start, contentType, status) in answeredFromHead {
+            for head in heads {
+                let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+                defer { connection.close() }
+                let rest = head.hasPrefix("Content-Length:\r\n") ? hidden : sign + smuggled
+                try connection.write(Array("\(start) HTTP/1.1\r\nHost: x\r\nContent-Type: \(contentType)\r\n\(head)\r\n\(rest)".utf8))
+                var received: [UInt8] = []
+                while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+                let text = String(decoding: received, as: UTF8.self)
+                #expect(text.hasPrefix("HTTP/1.1 \(status)"), "\(start) \(head): \(text)")
+                #expect(text.components(separatedBy: "HTTP/1.1 ").count == 2, "\(start) \(head): one response, no second request read from the body: \(text)")
+            }
         }
         // The same value twice is not ambiguous.
         let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)

@@ -16,7 +16,7 @@ struct ConnectionLimitTests {
     final class StubHandler: HTTPHandler {
         let allowed: Bool
         init(allowed: Bool) { self.allowed = allowed }
-        func preflight(method: String, path: String, contentType: String?, contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? { nil }
+        func preflight(method: String, path: String, contentTypes: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? { nil }
         func handle(_ request: HTTPRequest) -> HTTPResponse {
             if request.path == "/slow" { usleep(3_000_000) }
             return HTTPResponse(status: 200, body: Array("{}".utf8))

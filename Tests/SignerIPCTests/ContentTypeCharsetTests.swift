@@ -59,4 +59,26 @@ struct ContentTypeCharsetTests {
         #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
         #expect(try response.decode(PromotionalOfferResponse.self).signature.isEmpty == false)
     }
+
+    /// Only the first of two Content-Type headers was read: a second one
+    /// declaring UTF-16 was signed as UTF-8, and the other order got 415.
+    @Test("two Content-Type headers, in either order or the same twice, get 415 naming both (a single-valued header); the connection keeps serving")
+    func twoContentTypes() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let body = #"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#
+        let pairs = [("application/json", "application/json; charset=utf-16"), ("application/json; charset=utf-16", "application/json"), ("application/json", "application/json")]
+        for (first, second) in pairs {
+            let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+            defer { connection.close() }
+            let request = "POST /v1/sign/promotional-offer HTTP/1.1\r\nHost: x\r\nContent-Type: \(first)\r\nContent-Type: \(second)\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
+            try connection.write(Array((request + "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").utf8))
+            var received: [UInt8] = []
+            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+            let text = String(decoding: received, as: UTF8.self)
+            #expect(text.hasPrefix("HTTP/1.1 415"), "\(first) + \(second): \(text)")
+            #expect(text.contains("unsupported_media_type") && text.contains("2 Content-Type headers (\(first) and \(second))"), "\(text)")
+            #expect(text.contains("HTTP/1.1 200") && text.contains(#""status":"ok""#), "the next request on the connection is served: \(text)")
+        }
+    }
 }
