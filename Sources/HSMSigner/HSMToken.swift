@@ -77,6 +77,16 @@ public final class HSMToken: @unchecked Sendable {
     let options: TokenOptions
     private let state: Locked<State>
     private let pin: Locked<SecureBytes>
+    /// PINs the token called wrong since its last successful login, with
+    /// what it returned (at most ``refusedPINLimit``): a reload whose PIN
+    /// source gives any of them again does not send it, whichever PIN was
+    /// tried last.
+    private let refusedPINs = Locked<[(pin: SecureBytes, rv: PKCS11ReturnValue)]>([])
+    /// How many refused PINs are remembered.
+    static let refusedPINLimit = 16
+    /// Return values that say the PIN itself is wrong, as opposed to locked
+    /// or expired (after which the SO may make that same PIN right again).
+    static let wrongPINFailures: Set<PKCS11ReturnValue> = [.pinIncorrect, .pinInvalid, .pinLenRange]
     /// Serializes logins and recovery so two threads never log in or
     /// reinitialize the same token at once.
     private let loginLock = Locked(())
@@ -305,9 +315,19 @@ public final class HSMToken: @unchecked Sendable {
             switch rv {
             case .ok, .userAlreadyLoggedIn:
                 state.withLock { $0.loginGeneration &+= 1 }
+                refusedPINs.withLock { $0.removeAll() }
                 logger.debug("token_login", ["token.label": .string(label)])
             case _ where PKCS11ReturnValue.pinFailures.contains(rv):
                 state.withLock { $0.status = .pinRejected(rv) }
+                let sent = pin.withLock { $0 }
+                refusedPINs.withLock { refused in
+                    if Self.wrongPINFailures.contains(rv) {
+                        refused.append((sent, rv))
+                        if refused.count > Self.refusedPINLimit { refused.removeFirst() }
+                    } else {
+                        refused.removeAll()  // locked or expired: the SO acts next, and may make an old PIN right
+                    }
+                }
                 if !opening { logger.critical("pin_rejected", ["token.label": .string(label), "p11.rv": .string(rv.name), "hint": "fix the PIN source, then reload (SIGHUP), or restart when systemd passes the PIN with LoadCredential=; no further login is attempted"]) }
                 throw HSMError(pkcs11: .login, rv, message: "the token refused the PIN; not retrying, since tokens lock after a few wrong PINs", tokenLabel: label)
             default:
@@ -348,9 +368,10 @@ public final class HSMToken: @unchecked Sendable {
     /// Replaces the PIN (after the operator fixed the PIN source) and, if the
     /// token had refused the old one, tries one login with the new one.
     ///
-    /// A PIN source that still gives the PIN the token called wrong
-    /// (`CKR_PIN_INCORRECT`, `CKR_PIN_INVALID`, `CKR_PIN_LEN_RANGE`) is not
-    /// sent again: each wrong `C_Login` counts toward the token's lock, and
+    /// A PIN source that gives a PIN the token called wrong
+    /// (`CKR_PIN_INCORRECT`, `CKR_PIN_INVALID`, `CKR_PIN_LEN_RANGE`) since
+    /// its last successful login, the last one tried or an earlier one, is
+    /// not sent again: each wrong `C_Login` counts toward the token's lock, and
     /// a reload that only re-reads an unchanged file (or systemd's old copy
     /// of it) would spend one. After `CKR_PIN_LOCKED` or `CKR_PIN_EXPIRED`
     /// the same PIN gets its one login: the SO may have unlocked or reset
@@ -361,15 +382,12 @@ public final class HSMToken: @unchecked Sendable {
     ///   `C_Login`).
     public func reloadPIN(from uri: PKCS11URI) throws(HSMError) {
         let newPIN = try uri.readPIN()
-        // Only a PIN the token called wrong: after CKR_PIN_LOCKED or
-        // CKR_PIN_EXPIRED the same PIN is right again once the SO unlocked
-        // or reset it.
-        let refused: PKCS11ReturnValue? = state.withLock { state in
-            if case .pinRejected(let rv) = state.status, [.pinIncorrect, .pinInvalid, .pinLenRange].contains(rv) { return rv }
-            return nil
-        }
-        if let refused, pin.withLock({ $0.hasSameBytes(as: newPIN) }) {
-            var error = HSMError(.pinRejected, "the PIN source still gives the PIN token \(label) refused (\(refused)); it is not sent again, since tokens lock after a few wrong PINs: write the right PIN into the PIN source, then reload")
+        // Only a PIN the token called wrong since its last good login:
+        // after CKR_PIN_LOCKED or CKR_PIN_EXPIRED the list is emptied, since
+        // the SO may unlock or reset the PIN to one of them.
+        let refused = refusedPINs.withLock { $0.first { $0.pin.hasSameBytes(as: newPIN) }?.rv }
+        if let refused {
+            var error = HSMError(.pinRejected, "the PIN source gives a PIN token \(label) refused (\(refused)) since its last good login; it is not sent again, since tokens lock after a few wrong PINs: write the right PIN into the PIN source, then reload")
             error.returnValue = refused
             error.tokenLabel = label
             throw error

@@ -159,6 +159,39 @@ struct SessionFaultTests {
         #expect(faults.calls(.login) == logins + 2)
     }
 
+    /// Only the last refused PIN was remembered: two stale PIN files
+    /// given in turn spent one wrong C_Login per reload.
+    @Test("two PINs SoftHSM called wrong, reloaded in turn: neither is sent again; the right one logs in")
+    func refusedPINsRemembered() throws {
+        let setup = try Self.setUp("pin-refused-list")
+        let hsm = setup.hsm, faults = setup.faults
+        defer { hsm.close() }
+        let pinPath = TemporaryDirectory.make(prefix: "signerd-pins") + "/pin"
+        let wrongURI = try PKCS11URI(setup.uri.replacingOccurrences(of: #"pin-source=file:[^&]*"#, with: "pin-source=file:\(pinPath)", options: .regularExpression))
+        #expect(try Self.signAndVerify(setup))  // the key's handle is cached
+        try writeSecretFile(pinPath, "wrong-one")
+        try hsm.reloadPIN(from: wrongURI)  // logged in: taken without a login
+        // The token forgets the login (C_Sign: CKR_USER_NOT_LOGGED_IN), and
+        // SoftHSM really logs out, so the re-login sends "wrong-one" to it.
+        #expect(try hsm.withSession { hsm.functions.logout($0) } == .ok)
+        faults.logOut()
+        let signError = #expect(throws: HSMError.self) { try hsm.sign(digest: SHA256.hash([1]), keyID: setup.keyID) }
+        #expect(hsm.status == .pinRejected(.pinIncorrect), "\(String(describing: signError))")
+        let logins = faults.calls(.login)
+        try writeSecretFile(pinPath, "wrong-two")
+        #expect(throws: HSMError.self) { try hsm.reloadPIN(from: wrongURI) }
+        #expect(faults.calls(.login) == logins + 1)
+        for pin in ["wrong-one", "wrong-two", "wrong-one"] {
+            try writeSecretFile(pinPath, pin)
+            let refused = #expect(throws: HSMError.self) { try hsm.reloadPIN(from: wrongURI) }
+            #expect(refused?.message.contains("not sent again") == true, "\(pin): \(String(describing: refused))")
+        }
+        #expect(faults.calls(.login) == logins + 1, "a PIN called wrong was sent again")
+        try hsm.reloadPIN(from: PKCS11URI(setup.uri))
+        #expect(hsm.status == .up)
+        #expect(try Self.signAndVerify(setup))
+    }
+
     @Test("CKF_USER_PIN_FINAL_TRY or COUNT_LOW before a login: the login goes ahead, and pin_count_low is logged",
           arguments: [(UserPINFlags.finalTry, true), (UserPINFlags.countLow, false)])
     func pinCountLow(_ flag: UInt, _ finalTry: Bool) throws {
