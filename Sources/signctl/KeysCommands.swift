@@ -293,19 +293,22 @@ func keysExportPublic(_ words: [String], configPath: String) throws -> ExitCode 
     let keyID = try keyIDArgument(arguments)
     let token = try openToken(configPath: configPath)
     defer { token.close() }
-    var publicKey = try? token.publicKey(keyID: keyID)
-    if publicKey == nil, let orphan = try? token.publicKeyObject(keyID: keyID) {
-        // A public key object left without its private key: still exportable.
-        FileHandle.standardError.write(Data("note: \(keyID) has only a public key object on the token (no private key: it signs nothing)\n".utf8))
-        publicKey = orphan
-    }
-    guard let publicKey else {
-        // Neither object: ask again for the error that says why.
-        FileHandle.standardOutput.write(Data(try token.publicKey(keyID: keyID).pem.utf8))
-        return .success
-    }
-    FileHandle.standardOutput.write(Data(publicKey.pem.utf8))
+    FileHandle.standardOutput.write(Data(try exportablePublicKey(token, keyID: keyID).pem.utf8))
     return .success
+}
+
+/// The public key `keys export-public` writes: the key's, or, when no
+/// private key carries the ID, that of a public key object left without
+/// one (with a note on stderr). Any other failure (two private keys under
+/// the ID, a token error) is thrown as it is.
+func exportablePublicKey(_ token: HSMToken, keyID: String) throws -> ECPublicKey {
+    do {
+        return try token.publicKey(keyID: keyID)
+    } catch {
+        guard error.code == .keyNotFound, let orphan = try? token.publicKeyObject(keyID: keyID) else { throw error }
+        FileHandle.standardError.write(Data("note: \(keyID) has only a public key object on the token (no private key: it signs nothing)\n".utf8))
+        return orphan
+    }
 }
 
 func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {

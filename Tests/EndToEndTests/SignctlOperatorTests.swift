@@ -318,6 +318,35 @@ struct SignctlPublicKeyOnlyTests {
 
 @Suite("signctl: errors that say what to do about them")
 struct SignctlHintTests {
+    /// `keys export-public` swallowed every look-up failure and, with two
+    /// private keys under the ID, printed the public key object's PEM with
+    /// the false note "has only a public key object".
+    @Test("export-public of a key ID that two private keys carry is key_invalid (65) naming them, not the public-key-only note")
+    func exportPublicTwoPrivateKeys() throws {
+        let (token, config) = try tokenConfig("two-private")
+        let files = try TestKeyFiles.make()
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "TWOPRIV001", files.sec1]).status == 0)
+        var options = TokenOptions()
+        options.logger = .disabled
+        let hsm = try HSMToken(uri: PKCS11URI(token.uri), options: options)
+        let material = try ECPrivateKeyMaterial(contentsOf: files.sec1)
+        let created = try hsm.withReadWriteSession { (session) throws(HSMError) -> PKCS11ReturnValue in
+            hsm.functions.createObject(session, template: [
+                Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.keyType, ulong: P11.ecKeyType),
+                Attribute(P11.token, bool: true), Attribute(P11.private, bool: true), Attribute(P11.sensitive, bool: true),
+                Attribute(P11.sign, bool: true), Attribute(P11.id, Array("TWOPRIV001".utf8)),
+                Attribute(P11.ecParams, material.curve.parametersDER), Attribute(P11.value, secret: material.scalar),
+            ]).0
+        }
+        hsm.close()
+        try #require(created == .ok)
+        let exported = runSignctl(["--config", config, "keys", "export-public", "TWOPRIV001"])
+        #expect(exported.status == 65, "\(exported.stderr)")
+        #expect(exported.stdout.isEmpty, "\(exported.stdout)")
+        #expect(exported.stderr.contains("key_invalid: 2 private keys carry key ID TWOPRIV001"), "\(exported.stderr)")
+        #expect(!exported.stderr.contains("only a public key object"), "\(exported.stderr)")
+    }
+
     /// The two hints below were chosen by matching text in the message;
     /// they now follow the error's code (`key_id_conflict`) and its
     /// `fileOwner` context, so a reworded message cannot lose them.
