@@ -5,6 +5,9 @@ import SignerIPC
 func exitCode(for error: HSMError) -> ExitCode {
     // A token without a user PIN is a set-up problem, not a failure of signctl.
     if error.returnValue == .userPinNotInitialized { return .config }
+    // A new PIN refused by length before anything reached the token
+    // (C_GetTokenInfo's limits): bad input, not a PIN the token refused.
+    if error.returnValue == .pinLenRange && error.function == PKCS11Function.getTokenInfo.rawValue { return .dataError }
     return switch error.code {
     case .keyNotFound, .keyExists, .keyIDConflict, .keyDuplicate, .keyInvalid, .verificationFailed: .dataError
     case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
