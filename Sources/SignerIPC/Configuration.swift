@@ -98,13 +98,18 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var maxConnectionsPerUID: Int?
     /// Settings that are valid but probably not meant, each as a log event
     /// name and a hint: a socket any local user may connect to
-    /// (`socket_mode` with the "other" bits), no keys, and a bundle ID that
+    /// (`socket_mode` with the "other" bits), a `socket_group` whose members
+    /// cannot connect (no group write bit), no keys, and a bundle ID that
     /// several keys serve with none of them `default_key_id` (its requests
     /// must name `key_id`; `/v1/offers`, which cannot, answers 7234).
     public var advisories: [(event: String, hint: String)] {
         var found: [(event: String, hint: String)] = []
         if socketMode & 0o006 != 0 {
             found.append(("socket_open_to_all_users", "socket_mode \(String(socketMode, radix: 8)) lets every local user connect (allowed_uids and allowed_gids still decide who may sign); 0660 with socket_group is the usual choice"))
+        }
+        // Connecting to a Unix socket needs write permission on it.
+        if socketGroup != nil && socketMode & 0o020 == 0 {
+            found.append(("socket_group_cannot_connect", "socket_mode \(String(socketMode, radix: 8)) gives socket_group \(socketGroup ?? "") no write permission, and connecting to a Unix socket needs it: no member of the group can connect; 0660 is the usual choice"))
         }
         if keys.isEmpty {
             found.append(("no_keys_configured", "keys is empty: every signing request gets 403 bundle_not_allowed until a key is added and signerd reloaded"))

@@ -189,6 +189,13 @@ public enum UnixListener {
     public static func mayGiveSocket(toGroup group: String) -> Bool {
         guard geteuid() != 0 else { return true }
         guard let gid = groupID(group) else { return false }
+        return isInGroup(gid)
+    }
+
+    /// Whether this process is in group `gid`: its effective group, or one
+    /// of its supplementary groups (`getgroups(2)`).
+    /// - Parameter gid: a group number.
+    public static func isInGroup(_ gid: UInt32) -> Bool {
         if getegid() == gid { return true }
         var groups = [gid_t](repeating: 0, count: Int(max(0, getgroups(0, nil))))
         let count = getgroups(Int32(groups.count), &groups)

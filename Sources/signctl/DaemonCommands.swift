@@ -39,6 +39,11 @@ func unreachableHint(_ error: SocketError, socketPath: String) -> String {
         let group = getgrgid(info.st_gid).map { String(cString: $0.pointee.gr_name) } ?? String(info.st_gid)
         let owner = "this user may not connect: \(socketPath) belongs to group \(group) with mode \(String(info.st_mode & 0o777, radix: 8)) "
             + "(the shipped signerd.socket makes it signerd-clients, 0660; socket_group and socket_mode in the configuration without socket activation); "
+        // Connecting to a Unix socket needs write permission on it.
+        if UnixListener.isInGroup(info.st_gid) && info.st_mode & 0o020 == 0 {
+            return owner + "this user is in \(group), but the mode gives the group no write permission, which connecting needs: "
+                + "set socket_mode to \"0660\" (SocketMode=0660 with signerd.socket) and restart signerd"
+        }
         // Membership of gid 0 opens every root-group file on the host: never the advice.
         guard info.st_gid != 0 else {
             return owner + "run signctl as root, or set socket_group in signerd's configuration (SocketGroup= with signerd.socket) to a group "

@@ -485,15 +485,18 @@ struct SignctlHintTests {
     /// "Permission denied" and no word on what decides who may connect. Then
     /// it exited 69 (unavailable) where 77 means no permission, and for a
     /// socket of group root it advised `usermod -aG root`.
-    @Test("a socket this user may not open is 77, naming socket_group/socket_mode and signerd-clients, never advising the root group; a missing socket asks whether signerd runs",
+    @Test("a socket this user may not open is 77, naming socket_group/socket_mode and signerd-clients, never advising the root group, naming the mode to a member without group write; a missing socket asks whether signerd runs",
           .enabled(if: unprivilegedCallerAvailable, "needs a non-root user, or root with setpriv(1) and a signctl binary uid 65534 may run"))
     func socketPermissionHint() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-sockperm")
         chmod(directory, 0o755)
-        // This process's group (root's is gid 0), and as root also one the caller may join.
-        for socketGroup in [nil] + (getuid() == 0 ? ["65534"] : []) {
+        // This process's group (root's is gid 0); as root also one the caller
+        // is not in (65533), and the caller's own (65534) with the group's
+        // read bit but not its write bit, which connecting needs.
+        for socketGroup in [nil] + (getuid() == 0 ? ["65533", "65534"] : []) {
             let socketPath = directory + "/signerd-\(socketGroup ?? "own").sock"
-            let listener = try UnixListener.bind(path: socketPath, mode: 0o000, group: socketGroup)
+            let mode: UInt32 = socketGroup == "65534" ? 0o640 : 0o000
+            let listener = try UnixListener.bind(path: socketPath, mode: mode, group: socketGroup)
             defer { close(listener) }
             let config = directory + "/signerd.json"
             try #"{"token_uri": "pkcs11:token=t?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent/pin", "socket_path": "\#(socketPath)"}"#
@@ -507,11 +510,14 @@ struct SignctlHintTests {
                 #expect(refused.stderr.contains("cannot connect to \(socketPath): Permission denied"), "\(refused.stderr)")
                 #expect(refused.stderr.contains("hint: this user may not connect"), "\(command): \(refused.stderr)")
                 // The socket's own group and mode, not only the shipped ones: a hand-bound socket may have others.
-                #expect(refused.stderr.contains("belongs to group \(group) with mode 0"), "\(command): \(refused.stderr)")
+                #expect(refused.stderr.contains("belongs to group \(group) with mode \(String(mode, radix: 8)) "), "\(command): \(refused.stderr)")
                 for word in ["socket_group", "socket_mode", "signerd-clients"] {
                     #expect(refused.stderr.contains(word), "\(command): \(word) in \(refused.stderr)")
                 }
-                if gid == 0 {
+                if socketGroup == "65534" {
+                    #expect(refused.stderr.contains("this user is in \(group), but the mode gives the group no write permission, which connecting needs: set socket_mode to \"0660\""), "\(refused.stderr)")
+                    #expect(!refused.stderr.contains("usermod"), "the user is in the group already: \(refused.stderr)")
+                } else if gid == 0 {
                     #expect(!refused.stderr.contains("usermod"), "never add a user to the root group: \(refused.stderr)")
                     #expect(refused.stderr.contains("run signctl as root, or set socket_group in signerd's configuration"), "\(refused.stderr)")
                 } else {

@@ -267,6 +267,19 @@ struct SocketGroupMembershipTests {
         #expect(own.status == 0, "\(own.stderr)")
         #expect(!own.stdout.contains("socket_group_not_joined"), "\(own.stdout)")
     }
+
+    /// `socket_mode "0640"` with a `socket_group` passed --check-config in
+    /// silence, and every member of the group was then refused (EACCES).
+    @Test("--check-config warns when socket_mode gives socket_group no write bit (connecting needs it), and not for 0660")
+    func groupWithoutWriteWarned() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        for (mode, warned) in [("0640", true), ("0600", true), ("0660", false)] {
+            try daemon.writeConfig(["socket_group": "0", "socket_mode": mode])
+            let checked = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"])
+            #expect(checked.status == 0, "\(mode): \(checked.stderr)")
+            #expect(checked.stdout.contains("warning: socket_group_cannot_connect: socket_mode \(mode.dropFirst()) gives socket_group 0 no write permission") == warned, "\(mode): \(checked.stdout)")
+        }
+    }
 }
 
 /// `--config` naming a directory or a FIFO: signerd and signctl said
