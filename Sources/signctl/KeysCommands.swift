@@ -62,6 +62,42 @@ func openToken(configPath: String) throws -> HSMToken {
     return try openToken(config, configPath: configPath, options: options)
 }
 
+/// Opens the token of the configuration for a command that writes to it
+/// (`keys import`, `keys delete`, `token change-pin`), after
+/// ``refuseRootOnOthersSoftHSMTokens(configPath:)``.
+func openTokenForWriting(configPath: String) throws -> HSMToken {
+    try refuseRootOnOthersSoftHSMTokens(configPath: configPath)
+    return try openToken(configPath: configPath)
+}
+
+/// Refuses to write, as root, to SoftHSM token directories another user
+/// owns. SoftHSM keeps each object in a file of its own, created with the
+/// writer's uid and mode 0600: objects root creates there are invisible to
+/// signerd's user, which then reports the key missing while root's
+/// `keys list` shows it (and root's `--replace` removes signerd's copy).
+/// Only for SoftHSM (the module's file name says so), whose token
+/// directory is `directories.tokendir` of `SOFTHSM2_CONF` (or
+/// /etc/softhsm/softhsm2.conf).
+/// - Throws: ``CommandFailure`` (exit 77) naming the owner and how to run as it.
+func refuseRootOnOthersSoftHSMTokens(configPath: String) throws {
+    guard geteuid() == 0 else { return }
+    let uri = try PKCS11URI(try loadConfiguration(configPath).tokenURI)
+    guard let module = uri.modulePath ?? uri.moduleName, module.lowercased().contains("softhsm") else { return }
+    let conf = ProcessInfo.processInfo.environment["SOFTHSM2_CONF"] ?? "/etc/softhsm/softhsm2.conf"
+    guard let text = try? String(contentsOfFile: conf, encoding: .utf8),
+          let line = text.split(whereSeparator: \.isNewline).first(where: { $0.trimmingCharacters(in: .whitespaces).hasPrefix("directories.tokendir") }),
+          let equals = line.firstIndex(of: "=") else { return }
+    let tokenDirectory = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+    let entries = (try? FileManager.default.contentsOfDirectory(atPath: tokenDirectory)) ?? []
+    for path in [tokenDirectory] + entries.map({ tokenDirectory + "/" + $0 }) {
+        var info = stat()
+        guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR, info.st_uid != 0 else { continue }
+        let owner = getpwuid(info.st_uid).map { String(cString: $0.pointee.pw_name) }
+        throw CommandFailure(.noPermission, "signctl runs as root, but SoftHSM's token directory \(path) belongs to uid \(info.st_uid)\(owner.map { " (\($0))" } ?? ""): SoftHSM writes each object as a file of the writer's own, so what root writes there only root can read, and signerd would not see it; nothing was changed",
+                             hint: "run signctl as that user: runuser -u \(owner ?? String(info.st_uid)) -- signctl --config \(configPath) …")
+    }
+}
+
 /// Opens the token `config.tokenURI` names, with termination signals held
 /// while it logs in (SoftHSM rewrites its token file at `C_Login`); a PIN
 /// file signctl cannot read fails with a hint that names the configuration
@@ -158,7 +194,7 @@ func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
         throw CommandFailure(.dataError, "the new PIN (--new-pin-file \(newPINFile)) is the same as the current one, from \(source) that token_uri of \(configPath) names; nothing was sent to the token",
                              hint: "write the new PIN, different from the current one, into \(newPINFile)")
     }
-    let token = try openToken(configPath: configPath)
+    let token = try openTokenForWriting(configPath: configPath)
     defer { token.close() }
     try ProcessControl.holdingTerminationSignals { try token.changeUserPIN(to: newPIN) }
     print("changed the user PIN of token \(token.label)")
@@ -200,7 +236,7 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
                          hint: "leave out --key-id to use \(nameKeyID), or add --force-key-id if the file was renamed")
     }
     let material = try ECPrivateKeyMaterial(contentsOf: path)
-    let token = try openToken(configPath: configPath)
+    let token = try openTokenForWriting(configPath: configPath)
     defer { token.close() }
     // key_exists would say "pass --replace" about a key that signs nothing.
     if !arguments.flag("replace"), try token.publicKeyOnlyIDs().contains(keyID) {
@@ -324,7 +360,7 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     guard arguments.flag("yes") else {
         throw UsageError("deleting \(keyID) cannot be undone", hint: "add --yes to confirm")
     }
-    let token = try openToken(configPath: configPath)
+    let token = try openTokenForWriting(configPath: configPath)
     defer { token.close() }
     let removed = try ProcessControl.holdingTerminationSignals { try token.deleteKey(keyID: keyID) }
     print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")

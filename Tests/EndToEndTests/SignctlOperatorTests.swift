@@ -318,6 +318,35 @@ struct SignctlPublicKeyOnlyTests {
 
 @Suite("signctl: errors that say what to do about them")
 struct SignctlHintTests {
+    /// Root's `keys import` on a token directory signerd's user owns made
+    /// object files only root could read: signerd reported the key
+    /// missing, and root's `--replace` later removed signerd's own copy.
+    @Test("as root, import, delete and change-pin refuse SoftHSM token directories another uid owns (77, naming runuser); keys list still reads them",
+          .enabled(if: geteuid() == 0, "the check is for root"))
+    func rootOnOthersSoftHSMToken() throws {
+        let hsm = try FreeSoftHSM()
+        let soPIN = try hsm.pinFile("so-pin", "12345678")
+        let pin = try hsm.pinFile("pin", "87654321")
+        let initialized = runSignctl(["token", "init", "--label", "owned", "--pin-file", pin, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
+        try #require(initialized.status == 0, "\(initialized.stderr)")
+        let config = try hsm.config(label: "owned", pinPath: pin)
+        let files = try TestKeyFiles.make()
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "OWNED00001", files.sec1], environment: hsm.environment).status == 0, "root's own token directory")
+        let tokens = hsm.directory + "/tokens"
+        for path in [tokens] + (try FileManager.default.subpathsOfDirectory(atPath: tokens)).map({ tokens + "/" + $0 }) {
+            #expect(chown(path, 65534, 65534) == 0, "\(path)")
+        }
+        let newPIN = try hsm.pinFile("new-pin", "11223344")
+        for command in [["keys", "import", "--key-id", "OWNED00002", files.sec1], ["keys", "delete", "OWNED00001", "--yes"], ["token", "change-pin", "--new-pin-file", newPIN]] {
+            let refused = runSignctl(["--config", config] + command, environment: hsm.environment)
+            #expect(refused.status == 77, "\(command): \(refused.stderr)")
+            #expect(refused.stderr.contains("signctl runs as root, but SoftHSM's token directory \(tokens)") && refused.stderr.contains("belongs to uid 65534"), "\(command): \(refused.stderr)")
+            #expect(refused.stderr.contains("hint: run signctl as that user: runuser -u "), "\(command): \(refused.stderr)")
+        }
+        let list = runSignctl(["--config", config, "keys", "list"], environment: hsm.environment)
+        #expect(list.status == 0 && list.stdout.contains("OWNED00001") && !list.stdout.contains("OWNED00002"), "\(list.stdout)\(list.stderr)")
+    }
+
     /// `keys export-public` swallowed every look-up failure and, with two
     /// private keys under the ID, printed the public key object's PEM with
     /// the false note "has only a public key object".
