@@ -75,6 +75,10 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
     /// its owner (neither root nor the reading process's uid) is what is
     /// wrong, rather than its mode.
     public var fileOwner: UInt32?
+    /// For ``Code/pinRejected`` decided from the token's flags before any
+    /// login: its `CKF_USER_PIN_COUNT_LOW`, `CKF_USER_PIN_FINAL_TRY` and
+    /// `CKF_USER_PIN_LOCKED` bits (`CK_TOKEN_INFO.flags`).
+    public var userPINFlags: UInt?
     /// For ``Code/tokenUnavailable`` and ``Code/sessionUnavailable``: seconds
     /// after which a retry may succeed.
     public var retryAfter: Double?

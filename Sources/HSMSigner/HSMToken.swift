@@ -17,6 +17,11 @@ public struct TokenOptions: Sendable {
     public var recoveryMaximumBackoff: Double = 2
     /// Where events go.
     public var logger: Logger = Logger()
+    /// Whether a login goes ahead when the token reports
+    /// `CKF_USER_PIN_FINAL_TRY` (one more wrong user PIN locks it). Default
+    /// true: the daemon's PIN has been right before. signctl, which an
+    /// operator may simply run again, sets it false unless told otherwise.
+    public var loginOnFinalTry = true
 
     /// Default options.
     public init() {}
@@ -343,7 +348,9 @@ public final class HSMToken: @unchecked Sendable {
     /// fails the login goes ahead, and reports what is wrong itself.
     /// - Throws: ``HSMError/Code/pinRejected`` with `CKR_PIN_LOCKED` when
     ///   the token reports `CKF_USER_PIN_LOCKED`; the status is then
-    ///   `pinRejected`, as after a refused login.
+    ///   `pinRejected`, as after a refused login. Also (without a return
+    ///   value, with ``HSMError/userPINFlags``, the status unchanged) on
+    ///   `CKF_USER_PIN_FINAL_TRY` when ``TokenOptions/loginOnFinalTry`` is false.
     private func checkPINCounter(slot: UInt, label: String, opening: Bool) throws(HSMError) {
         let (rv, info) = functions.tokenInfo(slot: slot)
         guard rv == .ok, let flags = info?.flags else { return }
@@ -354,6 +361,13 @@ public final class HSMToken: @unchecked Sendable {
             var error = HSMError(.pinRejected, "token \(label) reports its user PIN locked (CKF_USER_PIN_LOCKED), so no login was attempted: \(hint)")
             error.returnValue = .pinLocked
             error.tokenLabel = label
+            throw error
+        }
+        if flags & UserPINFlags.finalTry != 0 && !options.loginOnFinalTry {
+            var error = HSMError(.pinRejected, "token \(label) reports that one more wrong user PIN locks it (CKF_USER_PIN_FINAL_TRY), so no login was attempted")
+            error.function = PKCS11Function.getTokenInfo.rawValue
+            error.tokenLabel = label
+            error.userPINFlags = flags & (UserPINFlags.finalTry | UserPINFlags.countLow | UserPINFlags.locked)
             throw error
         }
         if flags & (UserPINFlags.finalTry | UserPINFlags.countLow) != 0 {

@@ -47,6 +47,8 @@ public struct Logger: Sendable {
     /// Lines below this level are dropped.
     public var minimumLevel: LogLevel
     private let sink: @Sendable (String) -> Void
+    /// Set by ``init(minimumLevel:events:)``: takes each event unformatted.
+    private var events: (@Sendable (LogLevel, String, [(key: String, value: LogValue)]) -> Void)?
 
     /// A logger writing to standard error.
     /// - Parameter minimumLevel: the lowest level written (default `info`).
@@ -62,6 +64,17 @@ public struct Logger: Sendable {
     public init(minimumLevel: LogLevel = .trace, sink: @escaping @Sendable (String) -> Void) {
         self.minimumLevel = minimumLevel
         self.sink = sink
+    }
+
+    /// A logger handing each event to `events` as it is, unformatted: for a
+    /// program that shows events in its own words (signctl on a terminal).
+    /// - Parameters:
+    ///   - minimumLevel: the lowest level passed on.
+    ///   - events: receives the level, the constant message and the metadata in order.
+    public init(minimumLevel: LogLevel, events: @escaping @Sendable (_ level: LogLevel, _ message: String, _ metadata: [(key: String, value: LogValue)]) -> Void) {
+        self.minimumLevel = minimumLevel
+        self.sink = { _ in }
+        self.events = events
     }
 
     /// A logger that drops everything.
@@ -94,6 +107,10 @@ public struct Logger: Sendable {
     ///   - metadata: dotted keys and their values, in order.
     public func log(_ level: LogLevel, _ message: String, _ metadata: KeyValuePairs<String, LogValue> = [:]) {
         guard level >= minimumLevel else { return }
+        if let events {
+            events(level, message, metadata.map { ($0.key, $0.value) })
+            return
+        }
         var line = "{\"ts\":\"" + Logger.timestamp() + "\",\"level\":\"" + level.rawValue + "\",\"msg\":"
         Logger.appendJSONString(message, to: &line)
         for (key, value) in metadata {

@@ -390,7 +390,8 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
     if arguments.flag("direct") {
         var options = TokenOptions()
         options.sessionPoolSize = concurrency
-        options.logger = Logger(minimumLevel: .warning)
+        options.logger = operatorLogger()
+        options.loginOnFinalTry = loginOnFinalTry
         let token = try openToken(config, configPath: configPath, options: options)
         defer { token.close() }
         guard let keyID = arguments.options["key-id"] ?? config.keys.first?.keyID else {

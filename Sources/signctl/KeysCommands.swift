@@ -26,6 +26,9 @@ func hint(for error: HSMError) -> String? {
     if error.returnValue == .pinLenRange {
         return "write a PIN of a length the token takes into the PIN file"
     }
+    if let flags = error.userPINFlags, flags & UserPINFlags.finalTry != 0 {
+        return "signctl does not spend the last try: check that the PIN file holds the right PIN (the token's counter resets at the next right login), then run the command again with --final-try"
+    }
     return switch error.code {
     case .keyIDConflict: "list the token's objects with: p11tool --list-all (gnutls-bin) or pkcs11-tool --list-objects (opensc)"
     case .keyExists: "pass --replace to replace the key on the token"
@@ -58,8 +61,22 @@ func openToken(configPath: String) throws -> HSMToken {
     let config = try loadConfiguration(configPath)
     var options = TokenOptions()
     options.sessionPoolSize = 2
-    options.logger = Logger(minimumLevel: .warning)
+    options.logger = operatorLogger()
+    options.loginOnFinalTry = loginOnFinalTry
     return try openToken(config, configPath: configPath, options: options)
+}
+
+/// The token's warnings for a person at a terminal, as signctl writes its
+/// own: `warning: pin_count_low: token.label=signer final_try=false; hint: …`
+/// on stderr, not the daemon's JSON log lines.
+func operatorLogger() -> Logger {
+    Logger(minimumLevel: .warning) { level, message, metadata in
+        let fields = metadata.filter { $0.key != "hint" }.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
+        var text = "\(level == .warning ? "warning" : "error"): \(message)"
+        if !fields.isEmpty { text += ": " + fields.joined(separator: " ") }
+        if let hint = metadata.first(where: { $0.key == "hint" })?.value { text += "\nhint: \(hint)" }
+        FileHandle.standardError.write(Data((text + "\n").utf8))
+    }
 }
 
 /// Opens the token of the configuration for a command that writes to it

@@ -44,6 +44,8 @@ Offline checks (no daemon, no token):
 
 Options:
   --config FILE          configuration (default \(SignerConfiguration.defaultPath))
+  --final-try            log in even when the token says one more wrong user PIN locks it
+                         (CKF_USER_PIN_FINAL_TRY); without it signctl stops first (77)
   -h, --help             this help
 
 Exit codes: 0 ok, 64 usage, 65 bad data, 69 unavailable (daemon, token or module), 70 internal error (signerd answered 500),
@@ -75,7 +77,11 @@ func printJSON(_ value: some Encodable) {
     print(String(decoding: data, as: UTF8.self))
 }
 
-/// Splits `--config FILE` (anywhere before the command words) from the rest.
+/// Whether `--final-try` was given: signctl then logs in even when the
+/// token reports that one more wrong user PIN locks it.
+let loginOnFinalTry = CommandLine.arguments.dropFirst().contains("--final-try")
+
+/// Splits `--config FILE` and `--final-try` (anywhere) from the rest.
 func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: String, rest: [String]) {
     var configPath = ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] ?? SignerConfiguration.defaultPath
     var rest: [String] = []
@@ -91,6 +97,10 @@ func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: St
         if word.hasPrefix("--config=") {
             configPath = String(word.dropFirst("--config=".count))
             index += 1
+            continue
+        }
+        if word == "--final-try" {
+            index += 1  // read at start-up: ``loginOnFinalTry``
             continue
         }
         rest.append(word)

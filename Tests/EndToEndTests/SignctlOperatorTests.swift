@@ -318,6 +318,26 @@ struct SignctlPublicKeyOnlyTests {
 
 @Suite("signctl: errors that say what to do about them")
 struct SignctlHintTests {
+    /// SoftHSM sets CKF_USER_PIN_COUNT_LOW after a refused login: signctl
+    /// printed the token's warning as a JSON log line in its plain stderr.
+    @Test("after a wrong PIN, the next signctl run warns pin_count_low in signctl's own words, not a JSON line; --final-try is a global option")
+    func countLowWarningPlain() throws {
+        let hsm = try FreeSoftHSM()
+        let soPIN = try hsm.pinFile("so-pin", "12345678")
+        let pin = try hsm.pinFile("pin", "87654321")
+        let initialized = runSignctl(["token", "init", "--label", "counted", "--pin-file", pin, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
+        try #require(initialized.status == 0, "\(initialized.stderr)")
+        let wrongConfig = TemporaryDirectory.make(prefix: "signerd-wrong") + "/signerd.json"
+        try #"{"token_uri": "pkcs11:token=counted?module-path=\#(hsm.modulePath)&pin-source=file:\#(try hsm.pinFile("wrong-pin", "00000000"))"}"#
+            .write(toFile: wrongConfig, atomically: false, encoding: .utf8)
+        #expect(runSignctl(["--config", wrongConfig, "keys", "list"], environment: hsm.environment).status == 77)
+        let config = try hsm.config(label: "counted", pinPath: pin)
+        let list = runSignctl(["--final-try", "--config", config, "keys", "list"], environment: hsm.environment)
+        #expect(list.status == 0, "\(list.stderr)")
+        #expect(list.stderr.hasPrefix("warning: pin_count_low: final_try=false token.label=counted\nhint: the token has refused a user PIN"), "\(list.stderr)")
+        #expect(!list.stderr.contains("{"), "no JSON log line: \(list.stderr)")
+    }
+
     /// Root's `keys import` on a token directory signerd's user owns made
     /// object files only root could read: signerd reported the key
     /// missing, and root's `--replace` later removed signerd's own copy.

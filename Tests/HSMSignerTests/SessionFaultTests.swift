@@ -209,6 +209,27 @@ struct SessionFaultTests {
         #expect(warned.first?.contains("\"final_try\":\(finalTry)") == true, "\(warned)")
     }
 
+    /// signctl, which an operator may just run again, spent the last try.
+    @Test("loginOnFinalTry false (signctl): CKF_USER_PIN_FINAL_TRY stops before C_Login with userPINFlags; COUNT_LOW alone logs in")
+    func finalTryRefused() throws {
+        let token = try SoftHSMFixture.shared.makeToken("pin-final-try")
+        var options = TokenOptions()
+        options.logger = .disabled
+        options.loginOnFinalTry = false
+        let faults = FaultInjector()
+        faults.addTokenFlags(UserPINFlags.finalTry | UserPINFlags.countLow)
+        let refused = #expect(throws: HSMError.self) { try HSMToken(uri: PKCS11URI(token.uri), options: options, interposer: faults) }
+        #expect(refused?.code == .pinRejected)
+        #expect(refused?.userPINFlags.map { $0 & UserPINFlags.finalTry != 0 } == true)
+        #expect(refused?.message.contains("CKF_USER_PIN_FINAL_TRY") == true, "\(String(describing: refused))")
+        #expect(faults.calls(.login) == 0)
+        let countLow = FaultInjector()
+        countLow.addTokenFlags(UserPINFlags.countLow)
+        let hsm = try HSMToken(uri: PKCS11URI(token.uri), options: options, interposer: countLow)
+        hsm.close()
+        #expect(countLow.calls(.login) == 1)
+    }
+
     @Test("CKR_PIN_INCORRECT on re-login: one C_Login however many requests follow, from many threads")
     func pinIncorrectOnRelogin() throws {
         let setup = try Self.setUp("pin-relogin")
