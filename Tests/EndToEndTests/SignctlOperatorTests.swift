@@ -48,6 +48,16 @@ struct FreeSoftHSM {
         return directory + "/" + name
     }
 
+    /// Runs `signctl token init` for a token `label` (SO PIN 12345678) and
+    /// returns the path of its user PIN's file (87654321).
+    func initializeToken(label: String) throws -> String {
+        let soPIN = try pinFile("so-pin", "12345678")
+        let pin = try pinFile("pin", "87654321")
+        let initialized = runSignctl(["token", "init", "--label", label, "--pin-file", pin, "--so-pin-file", soPIN, "--module", modulePath], environment: environment)
+        try #require(initialized.status == 0, "\(initialized.stderr)")
+        return pin
+    }
+
     /// A configuration file whose token_uri names `label` with the PIN in `pinPath`.
     func config(label: String, pinPath: String) throws -> String {
         let path = directory + "/signerd.json"
@@ -323,10 +333,7 @@ struct SignctlHintTests {
     @Test("after a wrong PIN, the next signctl run warns pin_count_low in signctl's own words, not a JSON line; --final-try is a global option")
     func countLowWarningPlain() throws {
         let hsm = try FreeSoftHSM()
-        let soPIN = try hsm.pinFile("so-pin", "12345678")
-        let pin = try hsm.pinFile("pin", "87654321")
-        let initialized = runSignctl(["token", "init", "--label", "counted", "--pin-file", pin, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
-        try #require(initialized.status == 0, "\(initialized.stderr)")
+        let pin = try hsm.initializeToken(label: "counted")
         let wrongConfig = TemporaryDirectory.make(prefix: "signerd-wrong") + "/signerd.json"
         try #"{"token_uri": "pkcs11:token=counted?module-path=\#(hsm.modulePath)&pin-source=file:\#(try hsm.pinFile("wrong-pin", "00000000"))"}"#
             .write(toFile: wrongConfig, atomically: false, encoding: .utf8)
@@ -345,10 +352,7 @@ struct SignctlHintTests {
           .enabled(if: geteuid() == 0, "the check is for root"))
     func rootOnOthersSoftHSMToken() throws {
         let hsm = try FreeSoftHSM()
-        let soPIN = try hsm.pinFile("so-pin", "12345678")
-        let pin = try hsm.pinFile("pin", "87654321")
-        let initialized = runSignctl(["token", "init", "--label", "owned", "--pin-file", pin, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
-        try #require(initialized.status == 0, "\(initialized.stderr)")
+        let pin = try hsm.initializeToken(label: "owned")
         let config = try hsm.config(label: "owned", pinPath: pin)
         let files = try TestKeyFiles.make()
         #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "OWNED00001", files.sec1], environment: hsm.environment).status == 0, "root's own token directory")
