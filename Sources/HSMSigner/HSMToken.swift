@@ -117,6 +117,10 @@ public final class HSMToken: @unchecked Sendable {
         var keysEpoch: UInt64 = 0
         /// Every key ID found on the token since it was opened: recovery checks they are back.
         var knownKeys: Set<String> = []
+        /// The SHA-256 fingerprint of the public key last found for each
+        /// key ID; kept when cached keys are dropped, to notice a key ID
+        /// that now names another key (``lookUpAndCache(_:epoch:)``).
+        var fingerprints: [String: String] = [:]
         /// The keys the application still uses (nil: all known ones).
         var expectedKeys: Set<String>?
         var loginGeneration: UInt64 = 0
@@ -444,12 +448,21 @@ public final class HSMToken: @unchecked Sendable {
         let found = try withSession { (session) throws(HSMError) -> CachedKey in
             try lookUpKey(keyID, session: session)
         }
-        state.withLock { state in
+        let fingerprint = found.publicKey?.fingerprint
+        let previous: String? = state.withLock { state in
             state.knownKeys.insert(keyID)
             // A key found without its public key object is not kept: the
             // object may be between two writes of a `keys import --replace`,
             // and a cached gap would fail every verification until a reload.
             if state.keysEpoch == epoch, case .up = state.status, found.publicKey != nil { state.keys[keyID] = found }
+            guard let fingerprint else { return nil }
+            defer { state.fingerprints[keyID] = fingerprint }
+            return state.fingerprints[keyID]
+        }
+        // An audit trail for a key replaced on the token (`keys import
+        // --replace` with another key, or a tool outside signerd).
+        if let previous, let fingerprint, previous != fingerprint {
+            logger.notice("key_changed", ["key.id": .string(keyID), "fingerprint.before": .string(previous), "fingerprint.now": .string(fingerprint)])
         }
         return found
     }

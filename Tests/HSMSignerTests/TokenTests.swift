@@ -347,6 +347,33 @@ struct TokenTests {
         #expect(hsm.cachedPublicKey(keyID: "PUBSETTLE1") == nil)
     }
 
+    /// A key replaced on the token under the same key ID left no trace in
+    /// signerd's log, though every signature changed key from then on.
+    @Test("a key ID found holding another key than before logs key_changed with both fingerprints; the same key found again logs nothing")
+    func keyChangedLogged() throws {
+        let token = try SoftHSMFixture.shared.makeToken("key-changed")
+        let lines = LineCollector()
+        var options = TokenOptions()
+        options.logger = Logger(minimumLevel: .notice) { lines.append($0) }
+        let hsm = try HSMToken(uri: PKCS11URI(token.uri), options: options)
+        defer { hsm.close() }
+        let first = try TestKeyFiles.make(), second = try TestKeyFiles.make()
+        let before = try ECPublicKey(pem: first.publicKeyPEM).fingerprint, now = try ECPublicKey(pem: second.publicKeyPEM).fingerprint
+        try #require(before != now)
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: first.pkcs8Apple), keyID: "KEYCHG0001", replace: false)
+        _ = try hsm.sign(digest: SHA256.hash([1]), keyID: "KEYCHG0001")
+        hsm.forgetKey("KEYCHG0001")
+        _ = try hsm.sign(digest: SHA256.hash([1]), keyID: "KEYCHG0001")
+        #expect(!lines.lines.contains { $0.contains("key_changed") }, "the same key again: \(lines.lines)")
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: second.pkcs8Apple), keyID: "KEYCHG0001", replace: true)
+        hsm.forgetKey("KEYCHG0001")
+        let signature = try hsm.sign(digest: SHA256.hash([2]), keyID: "KEYCHG0001")
+        #expect(try ECPublicKey(pem: second.publicKeyPEM).verify(rawSignature: signature.raw, digest: SHA256.hash([2])))
+        let changed = lines.lines.filter { $0.contains("\"msg\":\"key_changed\"") }
+        #expect(changed.count == 1, "\(lines.lines)")
+        #expect(changed.first?.contains("\"key.id\":\"KEYCHG0001\",\"fingerprint.before\":\"\(before)\",\"fingerprint.now\":\"\(now)\"") == true, "\(changed)")
+    }
+
     @Test("EC point: raw and DER-wrapped forms are told apart by length")
     func ecPointForms() throws {
         let point = [0x04] + [UInt8](repeating: 0x11, count: 64)
