@@ -60,6 +60,18 @@ public final class ECPrivateKeyMaterial: Sendable {
             if error.openSSLErrors.contains(where: { $0.hasSuffix(":point is not on curve") }) {
                 throw CryptoError(.keyFileInvalid, "the key's public point is not on the curve: the file is damaged or was edited; download the key again from App Store Connect")
             }
+            // The right header, yet nothing OpenSSL can read: a damaged copy, not the wrong kind of file.
+            let (begins, ends) = pem.withUnsafeBytes { bytes in
+                (ECPrivateKeyMaterial.count(bytes, "-----BEGIN PRIVATE KEY-----") + ECPrivateKeyMaterial.count(bytes, "-----BEGIN EC PRIVATE KEY-----"),
+                 ECPrivateKeyMaterial.count(bytes, "-----END PRIVATE KEY-----") + ECPrivateKeyMaterial.count(bytes, "-----END EC PRIVATE KEY-----"))
+            }
+            let intactCopy = "use an intact copy of the .p8 (App Store Connect lets you download a key once; with no intact copy, revoke the key and make a new one)"
+            if begins == 1 && ends == 0 {
+                throw CryptoError(.keyFileInvalid, "the key file's PEM block has no -----END line: the file is cut short; \(intactCopy)")
+            }
+            if begins == 1 && ends == 1 {
+                throw CryptoError(.keyFileInvalid, "the key file's PEM block does not decode: its Base64, or the key inside it, is damaged (cut short or edited); \(intactCopy)")
+            }
             throw error
         }
         let key = EVPKey(taking: parsed)

@@ -69,7 +69,7 @@ struct OperatorKeyFileTests {
 
     /// Each of these said "not a PEM private key: expected … unencrypted"
     /// followed by OpenSSL's error queue.
-    @Test("an empty file, an encrypted key and a public point off the curve each get their own headline")
+    @Test("an empty file, an encrypted key, a public point off the curve and a damaged or cut-short PEM block each get their own headline")
     func headlines() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-keyfile")
         let encrypted = directory + "/enc.p8"
@@ -81,7 +81,16 @@ struct OperatorKeyFileTests {
         var der = [UInt8](try run(["openssl", "ec", "-in", files.sec1, "-outform", "DER"]))
         der[der.count - 1] ^= 1
         let offCurve = try Self.write("offcurve.p8", TestKeyFiles.pem("EC PRIVATE KEY", der, lineEnding: "\n"))
+        // Cut short, with and without the END line put back, and one Base64 character changed.
+        let good = try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8)
+        let body = good.split(separator: "\n").filter { !$0.hasPrefix("-----") }.joined()
+        let cut = "-----BEGIN PRIVATE KEY-----\n" + body.prefix(100)
+        var flipped = Array(body)
+        flipped[40] = flipped[40] == "A" ? "B" : "A"
         let cases: [(String, String)] = [
+            (try Self.write("cut.p8", cut + "\n"), "the key file's PEM block has no -----END line: the file is cut short"),
+            (try Self.write("cut-end.p8", cut + "\n-----END PRIVATE KEY-----\n"), "the key file's PEM block does not decode"),
+            (try Self.write("edited.p8", "-----BEGIN PRIVATE KEY-----\n" + String(flipped) + "\n-----END PRIVATE KEY-----\n"), "the key file's PEM block does not decode"),
             (try Self.write("empty.p8", ""), "the key file is empty"),
             (try Self.write("blank.p8", " \n\r\n"), "the key file is empty"),
             (encrypted, "the key file is encrypted ("),
