@@ -452,7 +452,9 @@ public final class SignerService: HTTPHandler, Sendable {
     /// for the bundle and the caller), else the only key serving the bundle,
     /// else the default key.
     /// - Throws: `invalid_field` (malformed key ID), `key_not_found` (404),
-    ///   `bundle_not_allowed` (403), `forbidden` (403, per-key uid list),
+    ///   `bundle_not_allowed` (403), `forbidden` (403, per-key uid list:
+    ///   field `key_id` for the key named, `bundle_id` when every key that
+    ///   serves the bundle leaves the caller out),
     ///   `missing_field` (several keys serve the bundle and none is default).
     func resolveKey(bundleID: String, keyID: String?, peer: PeerCredentials, _ config: SignerConfiguration) throws(APIError) -> KeyConfiguration {
         func callerMay(_ key: KeyConfiguration) -> Bool {
@@ -477,8 +479,20 @@ public final class SignerService: HTTPHandler, Sendable {
             }
             return key
         }
-        let serving = config.keys.filter { $0.allows(bundleID: bundleID) && callerMay($0) }
+        let forBundle = config.keys.filter { $0.allows(bundleID: bundleID) }
+        let serving = forBundle.filter(callerMay)
         if serving.count == 1 { return serving[0] }
+        if serving.isEmpty && !forBundle.isEmpty {
+            // Keys serve the bundle, but their allow-lists leave the caller
+            // out: say so (and log it), rather than that no key exists.
+            let keyIDs = forBundle.map(\.keyID).joined(separator: ", ")
+            metrics.count("forbidden")
+            forbiddenWarnings.admit { suppressed in
+                logger.warning("peer_forbidden_for_key", ["peer.uid": .int(Int64(peer.uid)), "peer.pid": .int(Int64(peer.pid)), "key.id": .string(keyIDs),
+                                                          "suppressed_before": .int(Int64(suppressed))])
+            }
+            throw APIError(.forbidden, "uid \(peer.uid) may use none of the keys that serve bundle_id \"\(bundleID)\" (\(keyIDs)): their allowed_uids leave it out", field: "bundle_id")
+        }
         if serving.isEmpty {
             throw APIError(.bundleNotAllowed, "no configured In-App Purchase key may sign for bundle_id \"\(bundleID)\"", field: "bundle_id")
         }

@@ -78,6 +78,13 @@ struct LifecycleTests {
         let perKey = try curlAsNobody(daemon, #"{"bundle_id": "com.example.app", "key_id": "ABC123DEFG", "product_id": "p", "offer_id": "o"}"#)
         #expect(perKey.status == 403)
         #expect(perKey.body.contains("\"field\":\"key_id\""))
+        // Without key_id: told that the keys for the bundle leave it out (it
+        // was "no configured key may sign", and nothing was logged).
+        let unnamed = try curlAsNobody(daemon, #"{"bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"}"#)
+        #expect(unnamed.status == 403, "\(unnamed.body)")
+        #expect(unnamed.body.contains(#""code":"forbidden""#) && unnamed.body.contains(#""field":"bundle_id""#), "\(unnamed.body)")
+        #expect(unnamed.body.contains("uid 65534 may use none of the keys that serve bundle_id \\\"com.example.app\\\" (ABC123DEFG)"), "\(unnamed.body)")
+        #expect(poll(seconds: 3) { daemon.logged { $0.contains("\"peer_forbidden_for_key\"") && $0.contains("\"peer.uid\":65534") }.count >= 2 })
     }
 
     @Test("one uid at max_connections_per_uid: its next connection gets 429 and is closed at once; another uid still gets a slot",
