@@ -312,6 +312,11 @@ extension HSMToken {
             guard signRV == .ok, material.publicKey.verify(rawSignature: raw, digest: digest) else {
                 _ = functions.destroyObject(session, object: publicHandle)
                 _ = functions.destroyObject(session, object: privateHandle)
+                if PKCS11ReturnValue.objectFailures.contains(signRV) {
+                    // C_CreateObject said CKR_OK, yet the handle names nothing:
+                    // SoftHSM does so when it cannot write the object's file.
+                    throw HSMError(pkcs11: function, signRV, message: "the token did not keep the key objects it had just created (for SoftHSM: its token directory is full or not writable by this user); nothing was imported", tokenLabel: label, keyID: keyID)
+                }
                 if signRV != .ok {
                     throw HSMError(pkcs11: function, signRV, message: "the imported key failed its self-test signature; removed it", tokenLabel: label, keyID: keyID)
                 }

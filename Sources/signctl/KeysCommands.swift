@@ -26,6 +26,9 @@ func hint(for error: HSMError) -> String? {
     if error.returnValue == .pinLenRange {
         return "write a PIN of a length the token takes into the PIN file"
     }
+    if error.code == .pkcs11Failure, error.function == PKCS11Function.signInit.rawValue, let rv = error.returnValue, PKCS11ReturnValue.objectFailures.contains(rv) {
+        return "for SoftHSM, free space where directories.tokendir of its softhsm2.conf points (df), or run signctl as the owner of that directory; then import again"
+    }
     if let flags = error.userPINFlags, flags & UserPINFlags.finalTry != 0 {
         return "signctl does not spend the last try: check that the PIN file holds the right PIN (the token's counter resets at the next right login), then run the command again with --final-try"
     }

@@ -230,6 +230,24 @@ struct SessionFaultTests {
         #expect(countLow.calls(.login) == 1)
     }
 
+    /// On a full disk SoftHSM answers C_CreateObject with CKR_OK and the
+    /// handle then names nothing: the import said "failed its self-test
+    /// signature" and the hint pointed at the device.
+    @Test("an import whose new objects are gone at the self-test says the token did not keep them (full or read-only storage), and leaves nothing")
+    func importNotKept() throws {
+        let token = try SoftHSMFixture.shared.makeToken("import-not-kept")
+        let faults = FaultInjector()
+        let hsm = try TokenTests.open(token, interposer: faults)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        faults.inject(.signInit, .objectHandleInvalid)
+        let refused = #expect(throws: HSMError.self) { try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "NOTKEPT001", replace: false) }
+        #expect(refused?.returnValue == .objectHandleInvalid)
+        #expect(refused?.message.contains("the token did not keep the key objects it had just created (for SoftHSM: its token directory is full or not writable by this user)") == true, "\(String(describing: refused))")
+        #expect(try hsm.listKeys().isEmpty)
+        #expect(try hsm.publicKeyOnlyIDs().isEmpty)
+    }
+
     @Test("CKR_PIN_INCORRECT on re-login: one C_Login however many requests follow, from many threads")
     func pinIncorrectOnRelogin() throws {
         let setup = try Self.setUp("pin-relogin")
