@@ -309,7 +309,13 @@ public final class HSMToken: @unchecked Sendable {
                 anchor = handle
                 state.withLock { $0.anchorSession = handle }
             }
-            var rv = pin.withLock { functions.login(anchor!, pin: $0) }  // set above
+            // The PIN sent, taken under the same lock as the call; a reload
+            // waits for that lock, so it never replaces the PIN mid-login.
+            var sent: SecureBytes?
+            var rv = pin.withLock { current in
+                sent = current
+                return functions.login(anchor!, pin: current)  // set above
+            }
             if PKCS11ReturnValue.sessionFailures.contains(rv) {
                 // The anchor itself died: replace it and log in once on the new one.
                 functions.closeSession(anchor!)
@@ -319,7 +325,10 @@ public final class HSMToken: @unchecked Sendable {
                     throw HSMError(pkcs11: .openSession, openRV, message: "cannot open the login session", tokenLabel: label)
                 }
                 state.withLock { $0.anchorSession = handle }
-                rv = pin.withLock { functions.login(handle, pin: $0) }
+                rv = pin.withLock { current in
+                    sent = current
+                    return functions.login(handle, pin: current)
+                }
             }
             switch rv {
             case .ok, .userAlreadyLoggedIn:
@@ -328,9 +337,8 @@ public final class HSMToken: @unchecked Sendable {
                 logger.debug("token_login", ["token.label": .string(label)])
             case _ where PKCS11ReturnValue.pinFailures.contains(rv):
                 state.withLock { $0.status = .pinRejected(rv) }
-                let sent = pin.withLock { $0 }
                 refusedPINs.withLock { refused in
-                    if Self.wrongPINFailures.contains(rv) {
+                    if Self.wrongPINFailures.contains(rv), let sent {
                         refused.append((sent, rv))
                         if refused.count > Self.refusedPINLimit { refused.removeFirst() }
                     } else {
@@ -360,6 +368,9 @@ public final class HSMToken: @unchecked Sendable {
         guard rv == .ok, let flags = info?.flags else { return }
         if flags & UserPINFlags.locked != 0 {
             state.withLock { $0.status = .pinRejected(.pinLocked) }
+            // As after CKR_PIN_LOCKED from C_Login: the SO acts next, and may
+            // make a PIN refused before the right one.
+            refusedPINs.withLock { $0.removeAll() }
             let hint = "unlock the user PIN with the SO PIN (the vendor's tools, or C_InitPIN), then reload (SIGHUP) or restart; no login is attempted while the token reports it locked"
             if !opening { logger.critical("pin_rejected", ["token.label": .string(label), "p11.rv": .string(PKCS11ReturnValue.pinLocked.name), "hint": .string(hint)]) }
             var error = HSMError(.pinRejected, "token \(label) reports its user PIN locked (CKF_USER_PIN_LOCKED), so no login was attempted: \(hint)")

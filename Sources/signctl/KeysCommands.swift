@@ -5,9 +5,11 @@ import SignerIPC
 func exitCode(for error: HSMError) -> ExitCode {
     // A token without a user PIN is a set-up problem, not a failure of signctl.
     if error.returnValue == .userPinNotInitialized { return .config }
-    // A new PIN refused by length before anything reached the token
-    // (C_GetTokenInfo's limits): bad input, not a PIN the token refused.
-    if error.returnValue == .pinLenRange && error.function == PKCS11Function.getTokenInfo.rawValue { return .dataError }
+    // A new PIN refused for its length or form, by signctl's check against
+    // C_GetTokenInfo's limits or by C_SetPIN/C_InitPIN: bad input, not a
+    // PIN the token refused to log in with.
+    let newPINFunctions = [PKCS11Function.getTokenInfo, .setPIN, .initPIN].map(\.rawValue)
+    if let rv = error.returnValue, [.pinLenRange, .pinInvalid].contains(rv), newPINFunctions.contains(error.function ?? "") { return .dataError }
     return switch error.code {
     case .keyNotFound, .keyExists, .keyIDConflict, .keyDuplicate, .keyInvalid, .verificationFailed: .dataError
     case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config

@@ -171,10 +171,12 @@ struct PINRefusedAtOpenTests {
         #expect(list.status == 77, "\(list.stderr)")
         // SoftHSM itself now reports the refused login (CKF_USER_PIN_COUNT_LOW):
         // signctl warns before it sends the PIN, and prints nothing else of the log.
+        // in its own words ("warning: pin_count_low: …" and a hint), no JSON log line.
         let lines = list.stderr.split(separator: "\n")
-        #expect(lines.first?.contains("\"msg\":\"pin_count_low\"") == true, "\(list.stderr)")
-        let own = lines.filter { !$0.contains("\"msg\":\"pin_count_low\"") }.joined(separator: "\n")
-        #expect(own.hasPrefix("error: "), "signctl's own error first, no daemon log line: \(list.stderr)")
+        #expect(lines.first?.hasPrefix("warning: pin_count_low: ") == true && lines.dropFirst().first?.hasPrefix("hint: ") == true, "\(list.stderr)")
+        #expect(!list.stderr.contains("{\""), "no daemon log line: \(list.stderr)")
+        let own = lines.dropFirst(2).joined(separator: "\n")
+        #expect(own.hasPrefix("error: "), "signctl's own error next: \(list.stderr)")
         #expect(!list.stderr.contains("SIGHUP"), "\(list.stderr)")
         // Which PIN was refused: the file it came from, never the PIN.
         #expect(own.hasPrefix("error: pin_rejected: ") && own.contains("(the PIN read from the PIN file \(pin) that token_uri of \(daemon.configPath) names)"), "\(list.stderr)")

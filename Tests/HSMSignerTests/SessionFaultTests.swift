@@ -192,6 +192,36 @@ struct SessionFaultTests {
         #expect(try Self.signAndVerify(setup))
     }
 
+    /// The list of refused PINs was emptied on CKR_PIN_LOCKED from C_Login
+    /// but not when the token's flags said locked, so a PIN the SO made
+    /// right again was refused until a restart.
+    @Test("a lock seen in the token's flags empties the refused PINs too: after the SO's unlock, a PIN refused before logs in")
+    func lockFlagForgetsRefusedPINs() throws {
+        let setup = try Self.setUp("pin-lock-flag")
+        let hsm = setup.hsm, faults = setup.faults
+        defer { hsm.close() }
+        #expect(try Self.signAndVerify(setup))
+        let right = try PKCS11URI(setup.uri)
+        // The right PIN, called wrong (as before the SO reset the PIN to it).
+        faults.logOut()
+        faults.inject(.login, .pinIncorrect, count: 1)
+        #expect(throws: HSMError.self) { try hsm.sign(digest: SHA256.hash([1]), keyID: setup.keyID) }
+        #expect(hsm.status == .pinRejected(.pinIncorrect))
+        // Another PIN meets the lock in the flags: no login.
+        let otherPath = TemporaryDirectory.make(prefix: "signerd-pins") + "/pin"
+        try writeSecretFile(otherPath, "another-pin")
+        let other = try PKCS11URI(setup.uri.replacingOccurrences(of: #"pin-source=file:[^&]*"#, with: "pin-source=file:\(otherPath)", options: .regularExpression))
+        faults.addTokenFlags(UserPINFlags.locked)
+        let logins = faults.calls(.login)
+        #expect(throws: HSMError.self) { try hsm.reloadPIN(from: other) }
+        #expect(hsm.status == .pinRejected(.pinLocked))
+        // The SO unlocked it: the PIN refused before gets its login, and is right.
+        faults.clear()
+        try hsm.reloadPIN(from: right)
+        #expect(faults.calls(.login) == logins + 1)
+        #expect(hsm.status == .up)
+    }
+
     @Test("CKF_USER_PIN_FINAL_TRY or COUNT_LOW before a login: the login goes ahead, and pin_count_low is logged",
           arguments: [(UserPINFlags.finalTry, true), (UserPINFlags.countLow, false)])
     func pinCountLow(_ flag: UInt, _ finalTry: Bool) throws {

@@ -313,7 +313,8 @@ struct TokenTests {
     @Test("a key listed whole before waits out a public key object that is gone for 30 ms (a swap elsewhere); one gone for good is reported and forgotten")
     func publicKeyListingSettles() throws {
         let token = try SoftHSMFixture.shared.makeToken("pub-settle")
-        let hsm = try Self.open(token)
+        let faults = FaultInjector()  // counts the searches
+        let hsm = try Self.open(token, interposer: faults)
         defer { hsm.close() }
         let files = try TestKeyFiles.make()
         _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "PUBSETTLE1", replace: false)
@@ -345,6 +346,10 @@ struct TokenTests {
         let waited = MonotonicClock.nanoseconds(from: start, to: MonotonicClock.now())
         #expect(waited >= 150_000_000, "\(waited) ns: the settle pauses were not taken")
         #expect(hsm.cachedPublicKey(keyID: "PUBSETTLE1") == nil)
+        // Forgotten: the next listing looks once and answers, without the pauses.
+        let searches = faults.calls(.findObjectsInit)
+        #expect(throws: HSMError.self) { try hsm.currentPublicKey(keyID: "PUBSETTLE1", maxAge: 0) }
+        #expect(faults.calls(.findObjectsInit) - searches <= 3, "\(faults.calls(.findObjectsInit) - searches) searches: the look-up was repeated")
     }
 
     /// A key replaced on the token under the same key ID left no trace in
