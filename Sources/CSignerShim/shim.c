@@ -149,32 +149,31 @@ int CSignerShim_is_dumpable(void) {
     return prctl(PR_GET_DUMPABLE, 0, 0, 0, 0);
 }
 
-struct shim_logger {
-    CSignerShim_log_callback callback;
-    void *context;
-};
+// The log callback: one function for every daemon of the process (signerd
+// passes the same one each time), set at each start. Each daemon's own
+// context is MHD's logger closure, so it lives exactly as long as the
+// daemon's other callback contexts. (A fixed ring of 16 closures, used
+// before, wrapped in a test process that starts hundreds of servers: a
+// server left running, its connection thread inside a hung call, then
+// called the context of a server freed since.)
+static CSignerShim_log_callback shim_log_callback;
 
 static void shim_mhd_log(void *cls, const char *fmt, va_list ap) {
-    struct shim_logger *logger = cls;
     char message[512];
     vsnprintf(message, sizeof(message), fmt, ap);
     size_t n = strlen(message);
     while (n > 0 && (message[n - 1] == '\n' || message[n - 1] == '\r')) {
         message[--n] = '\0';
     }
-    logger->callback(logger->context, message);
+    CSignerShim_log_callback callback = __atomic_load_n(&shim_log_callback, __ATOMIC_ACQUIRE);
+    if (callback != NULL) {
+        callback(cls, message);
+    }
 }
 
 struct MHD_Daemon *CSignerShim_mhd_start(const CSignerShim_mhd_options *o) {
-    // The logger context must outlive the daemon; one per process start is
-    // small and the daemon is started a handful of times at most.
-    static struct shim_logger loggers[16];
-    static int next_logger = 0;
-    struct shim_logger *logger = NULL;
     if (o->log_callback != NULL) {
-        logger = &loggers[__atomic_fetch_add(&next_logger, 1, __ATOMIC_SEQ_CST) % 16];
-        logger->callback = o->log_callback;
-        logger->context = o->log_context;
+        __atomic_store_n(&shim_log_callback, o->log_callback, __ATOMIC_RELEASE);
     }
     struct MHD_OptionItem items[16];
     int i = 0;
@@ -201,7 +200,7 @@ struct MHD_Daemon *CSignerShim_mhd_start(const CSignerShim_mhd_options *o) {
         items[i++] = (struct MHD_OptionItem){MHD_OPTION_URI_LOG_CALLBACK, (intptr_t)o->uri_log_callback, o->uri_log_context};
     }
     items[i++] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
-    if (logger == NULL) {
+    if (o->log_callback == NULL) {
         return MHD_start_daemon(o->flags, 0, NULL, NULL,
                                 o->access_handler, o->access_context,
                                 MHD_OPTION_ARRAY, items,
@@ -211,7 +210,7 @@ struct MHD_Daemon *CSignerShim_mhd_start(const CSignerShim_mhd_options *o) {
     // others reach it.
     return MHD_start_daemon(o->flags, 0, NULL, NULL,
                             o->access_handler, o->access_context,
-                            MHD_OPTION_EXTERNAL_LOGGER, shim_mhd_log, logger,
+                            MHD_OPTION_EXTERNAL_LOGGER, shim_mhd_log, o->log_context,
                             MHD_OPTION_ARRAY, items,
                             MHD_OPTION_END);
 }

@@ -204,3 +204,68 @@ struct ConnectionLimitTests {
         }
     }
 }
+
+/// A server left running by `stop()` (a connection thread inside a hung
+/// call cannot be joined) later logged through a fixed ring of 16 logger
+/// contexts in the C shim. Sixteen server starts after it, its slot named
+/// a server freed since, and the test process crashed in the log callback
+/// (seen once in a full run of the suite).
+@Suite("HTTP server: a server left running keeps its own log context")
+struct LeftRunningServerTests {
+    /// `/hang` blocks (and counts as a blocking call) until released.
+    final class HangingHandler: HTTPHandler, @unchecked Sendable {
+        let release = DispatchSemaphore(value: 0)
+        let entered = DispatchSemaphore(value: 0)
+        func preflight(method: String, path: String, contentTypes: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? { nil }
+        func handle(_ request: HTTPRequest) -> HTTPResponse {
+            entered.signal()
+            release.wait()
+            return HTTPResponse(status: 200, body: Array("{}".utf8))
+        }
+        func payloadTooLarge(path: String, limit: Int) -> HTTPResponse { HTTPResponse(status: 413, body: []) }
+        func mayBlock(path: String) -> Bool { true }
+        func timedOut(path: String) -> HTTPResponse { HTTPResponse(status: 503, body: Array("{}".utf8)) }
+        func watchdogTick() {}
+        func mayConnect(_ peer: PeerCredentials?) -> Bool { true }
+        func sent(status: Int, path: String) {}
+    }
+
+    @Test("a server stopped with a hung call, then 20 servers started and freed: libmicrohttpd's next message on it reaches its own log, and the process lives")
+    func leftRunningServerLogs() throws {
+        let lines = LineCollector()
+        let directory = TemporaryDirectory.make(prefix: "signerd-left")
+        var options = HTTPServerOptions()
+        options.signTimeoutSeconds = 0.2
+        let handler = HangingHandler()
+        let left = HTTPServer(listenDescriptor: try UnixListener.bind(path: directory + "/left.sock", mode: 0o600, group: nil), options: options,
+                              handler: handler, logger: Logger(minimumLevel: .trace) { lines.append($0) })
+        try left.start()
+        let client = try UnixConnection.connect(path: directory + "/left.sock", timeout: 5)
+        defer { client.close() }
+        try client.write(Array("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
+        try #require(handler.entered.wait(timeout: .now() + 5) == .success)
+        var answer: [UInt8] = []
+        while (try? client.read(appendingTo: &answer)) ?? 0 > 0 {}
+        #expect(String(decoding: answer, as: UTF8.self).hasPrefix("HTTP/1.1 503"), "the watchdog answered")
+        left.stop()  // the call is still inside: the server is left running
+        #expect(lines.lines.contains { $0.contains("http_stop_left_threads") }, "\(lines.lines)")
+        for index in 0..<20 {
+            let other = HTTPServer(listenDescriptor: try UnixListener.bind(path: directory + "/s\(index).sock", mode: 0o600, group: nil), options: HTTPServerOptions(),
+                                   handler: ConnectionLimitTests.StubHandler(allowed: true), logger: .disabled)
+            try other.start()
+            other.stop()
+        }
+        // The hung call returns on a connection the watchdog shut: libmicrohttpd refuses the
+        // late answer and logs it through the left server's context (a freed server's
+        // before, which crashed this process).
+        // It still accepts: a malformed header line makes libmicrohttpd log on
+        // it, through the context the ring had given a freed server since.
+        let malformed = try UnixConnection.connect(path: directory + "/left.sock", timeout: 5)
+        defer { malformed.close() }
+        try malformed.write(Array("GET /x HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n".utf8))
+        var ignored: [UInt8] = []
+        while (try? malformed.read(appendingTo: &ignored)) ?? 0 > 0 {}
+        #expect(poll(seconds: 3) { lines.lines.contains { $0.contains("\"http_library\"") } }, "the message reached the left server's own log: \(lines.lines)")
+        handler.release.signal()
+    }
+}
