@@ -68,7 +68,9 @@ func failure(from response: ClientResponse) -> CommandFailure {
     default: .software
     }
     let field = error?.field.map { " (field \($0))" } ?? ""
-    return CommandFailure(code, "\(response.status) \(error?.code ?? "error")\(field): \(error?.message ?? String(decoding: response.body, as: UTF8.self))")
+    var failure = CommandFailure(code, "\(response.status) \(error?.code ?? "error")\(field): \(error?.message ?? String(decoding: response.body, as: UTF8.self))")
+    failure.errorCode = error?.code
+    return failure
 }
 
 func health(_ words: [String], configPath: String) throws -> ExitCode {

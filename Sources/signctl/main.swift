@@ -52,11 +52,27 @@ Exit codes: 0 ok, 64 usage, 65 bad data, 69 unavailable (daemon, token or module
 75 try again, 77 no permission, 78 configuration.
 """
 
+/// A failure as `--json` writes it on stdout: `{"error": {"code", "message",
+/// "hint", "exit_code"}}`, beside the same words on stderr. `code` is the
+/// stable code of a token, key-file or daemon error when there is one.
+struct JSONFailure: Encodable {
+    let code: String?
+    let message: String
+    let hint: String?
+    let exitCode: Int32
+    enum CodingKeys: String, CodingKey {
+        case code, message, hint
+        case exitCode = "exit_code"
+    }
+}
+
 /// Fails a command with an exit code and a message for stderr.
 struct CommandFailure: Error {
     let code: ExitCode
     let message: String
     let hint: String?
+    /// The daemon's error code (`invalid_field`, …) when the daemon refused.
+    var errorCode: String?
     init(_ code: ExitCode, _ message: String, hint: String? = nil) {
         self.code = code
         self.message = message
@@ -160,38 +176,37 @@ func runCommand(_ words: [String]) throws -> ExitCode {
 // neither may land in a core file or be read by ptrace, as in signerd.
 ProcessControl.disableCoreDumps()
 
-let code: ExitCode
+var caught: (message: String, hint: String?, code: ExitCode, errorCode: String?)?
 do {
     try Arguments.checkUTF8((1..<Int(CommandLine.argc)).map { index in
         CommandLine.unsafeArgv[index].map { Array(UnsafeBufferPointer(start: UnsafeRawPointer($0).assumingMemoryBound(to: UInt8.self), count: strlen($0))) } ?? []
     })
-    code = try runCommand(Array(CommandLine.arguments.dropFirst()))
+    exit(try runCommand(Array(CommandLine.arguments.dropFirst())).rawValue)
 } catch let error as UsageError {
-    writeError(error.message, hint: error.hint)
-    code = .usage
+    caught = (error.message, error.hint, .usage, nil)
 } catch let error as CommandFailure {
-    writeError(error.message, hint: error.hint)
-    code = error.code
+    caught = (error.message, error.hint, error.code, error.errorCode)
 } catch let error as HSMError {
-    writeError(error.description, hint: hint(for: error))
-    code = exitCode(for: error)
+    caught = (error.description, hint(for: error), exitCode(for: error), error.code.rawValue)
 } catch let error as CryptoError {
-    writeError(error.description)
-    code = .dataError
+    caught = (error.description, nil, .dataError, error.code.rawValue)
 } catch let error as BenchmarkError {
     if let response = error.response {
         // The daemon refused bench's first request (403, 429, 503): its own code and words.
         let refusal = failure(from: response)
-        writeError("\(error.description): \(refusal.message)", hint: refusal.hint)
-        code = refusal.code
+        caught = ("\(error.description): \(refusal.message)", refusal.hint, refusal.code, response.error?.code)
     } else {
         // bench's --key-id names no configured key, or the key has no public key for --verify.
-        writeError(error.description)
-        code = .dataError
+        caught = (error.description, nil, .dataError, nil)
     }
 } catch {
     // Every error signctl expects is caught above; anything else is its own fault.
-    writeError("\(error)")
-    code = .software
+    caught = ("\(error)", nil, .software, nil)
 }
-exit(code.rawValue)
+let reported = caught ?? ("unknown failure", nil, .software, nil)
+writeError(reported.message, hint: reported.hint)
+// A script that asked for --json reads one JSON object on stdout either way.
+if CommandLine.arguments.dropFirst().contains("--json") {
+    printJSON(["error": JSONFailure(code: reported.errorCode, message: reported.message, hint: reported.hint, exitCode: reported.code.rawValue)])
+}
+exit(reported.code.rawValue)

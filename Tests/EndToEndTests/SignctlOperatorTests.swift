@@ -328,6 +328,27 @@ struct SignctlPublicKeyOnlyTests {
 
 @Suite("signctl: errors that say what to do about them")
 struct SignctlHintTests {
+    /// `--json` shaped only successful output: a script reading stdout got
+    /// nothing when the command failed.
+    @Test("with --json a failure is also one JSON object on stdout: code, message, hint, exit_code; stderr keeps the words")
+    func jsonFailures() throws {
+        let (_, config) = try tokenConfig("json-failure")
+        let missing = runSignctl(["--config", config, "keys", "import", "--json", "--key-id", "ABC123DEFG", "/nonexistent/AuthKey_ABC123DEFG.p8"])
+        #expect(missing.status == 65, "\(missing.stderr)")
+        #expect(missing.stderr.hasPrefix("error: "), "\(missing.stderr)")
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(missing.stdout.utf8)) as? [String: Any], "\(missing.stdout)")
+        let error = try #require(object["error"] as? [String: Any], "\(missing.stdout)")
+        #expect(error["exit_code"] as? Int == 65)
+        #expect((error["message"] as? String).map { missing.stderr.contains($0) } == true, "\(missing.stdout)")
+        #expect(error["code"] as? String == "key_file_unreadable", "\(missing.stdout)")
+        // A usage error too (64), and nothing on stdout without --json.
+        let usage = runSignctl(["--config", config, "keys", "list", "--json", "--no-such-flag"])
+        #expect(usage.status == 64)
+        let usageObject = try #require(try JSONSerialization.jsonObject(with: Data(usage.stdout.utf8)) as? [String: [String: Any]], "\(usage.stdout)")
+        #expect(usageObject["error"]?["exit_code"] as? Int == 64)
+        #expect(runSignctl(["--config", config, "keys", "list", "--no-such-flag"]).stdout.isEmpty)
+    }
+
     /// SoftHSM sets CKF_USER_PIN_COUNT_LOW after a refused login: signctl
     /// printed the token's warning as a JSON log line in its plain stderr.
     @Test("after a wrong PIN, the next signctl run warns pin_count_low in signctl's own words, not a JSON line; --final-try is a global option")
