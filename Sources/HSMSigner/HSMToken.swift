@@ -224,6 +224,13 @@ public final class HSMToken: @unchecked Sendable {
     }
 
     /// Closes every session and releases the module (the last user finalizes it).
+    ///
+    /// From the start of `close()` every new operation fails with
+    /// ``HSMError/Code/tokenUnavailable`` and recovery stops. `C_Finalize`
+    /// waits up to 2 s for calls already inside the module (a server left
+    /// running by its stop may still be signing) and is skipped when one
+    /// stays inside; the corresponding PKCS#11 functions are
+    /// `C_CloseSession` and `C_Finalize`.
     public func close() {
         let anchor: UInt? = state.withLock { state in
             guard !state.closed else { return nil }
@@ -866,7 +873,14 @@ public final class HSMToken: @unchecked Sendable {
     // MARK: Health and recovery
 
     private func checkUp() throws(HSMError) {
-        let status = state.withLock { $0.status }
+        let (status, closed) = state.withLock { ($0.status, $0.closed) }
+        guard !closed else {
+            // close() ran (signerd is stopping): no call may start in a module being finalized.
+            var error = HSMError(.tokenUnavailable, "token \(label) is closed: signerd is stopping")
+            error.tokenLabel = label
+            error.retryAfter = 1
+            throw error
+        }
         switch status {
         case .up:
             return
@@ -934,7 +948,10 @@ public final class HSMToken: @unchecked Sendable {
             attempt += 1
             let jitter = Double.random(in: 0.5...1.0)
             usleep(useconds_t(min(backoff * jitter, options.recoveryMaximumBackoff) * 1_000_000))
-            if state.withLock({ $0.closed }) { return }
+            if state.withLock({ $0.closed }) {
+                state.withLock { $0.recovering = false }
+                return
+            }
             // Escalate: new sessions and a fresh login first when the module
             // itself did not fail; C_Finalize + C_Initialize when it did or
             // when the lighter step failed, but never while a call is still
@@ -945,12 +962,15 @@ public final class HSMToken: @unchecked Sendable {
             let outcome = rebuild(reinitialize: full && callsInModule == 0 && pool.usage.inUse == 0)
             switch outcome {
             case .success:
-                let (label, since) = state.withLock { state -> (String, UInt64) in
-                    state.status = .up
+                let recovered = state.withLock { state -> (String, UInt64)? in
                     state.recovering = false
+                    // close() ran during the last step: the token stays closed.
+                    guard !state.closed else { return nil }
+                    state.status = .up
                     state.needsReinitialize = false
                     return (state.label, state.downSince)
                 }
+                guard let (label, since) = recovered else { return }
                 logger.notice("token_up", ["token.label": .string(label), "recovery.attempts": .int(Int64(attempt)),
                                            "recovery.ms": .int(Int64(MonotonicClock.nanoseconds(from: since, to: MonotonicClock.now()) / 1_000_000))])
                 return

@@ -80,6 +80,17 @@ final class PKCS11Module: @unchecked Sendable {
     /// The library path p11-kit loaded.
     let path: String
     private let lock = Locked<(users: Int, initialized: Bool)>((0, false))
+    /// Calls now inside the function table (``enter()`` to ``leave()``).
+    private let callsInside = Atomic<Int>(0)
+    /// False while the module is finalized or being finalized: ``enter()``
+    /// refuses, so no call starts under `C_Finalize`.
+    private let accepting = Atomic<Bool>(false)
+
+    /// How long `C_Finalize` waits for calls already inside the module to
+    /// return, in microseconds; a call still inside then (a hung one) means
+    /// the module is not finalized at all, since finalizing under a call is
+    /// undefined behaviour (PKCS#11 v2.40 §5.4).
+    static let finalizeWaitMicroseconds: useconds_t = 2_000_000
 
     private static let registry = Locked<[String: PKCS11Module]>([:])
 
@@ -136,34 +147,75 @@ final class PKCS11Module: @unchecked Sendable {
                     throw HSMError(pkcs11: .initialize, rv, message: "cannot initialize \(path)")
                 }
                 state.initialized = true
+                accepting.store(true, ordering: .sequentiallyConsistent)
             }
             state.users += 1
         }
     }
 
-    /// Drops one user; the last one finalizes the module.
-    func release() {
-        let finalize = lock.withLock { state -> Bool in
-            state.users -= 1
-            if state.users == 0 && state.initialized {
-                state.initialized = false
-                return true
-            }
+    /// Admits one call into the function table, unless the module is
+    /// finalized or being finalized; a true answer must be followed by
+    /// ``leave()``. With ``finalizeQuietly()`` this keeps every call out
+    /// from under `C_Finalize`: a call counted before `accepting` went
+    /// false is waited for, one counted after sees it false.
+    func enter() -> Bool {
+        callsInside.add(1, ordering: .sequentiallyConsistent)
+        guard accepting.load(ordering: .sequentiallyConsistent) else {
+            callsInside.subtract(1, ordering: .sequentiallyConsistent)
             return false
         }
-        if finalize {
-            _ = list.pointee.C_Finalize(nil)
+        return true
+    }
+
+    /// Ends a call ``enter()`` admitted.
+    func leave() {
+        callsInside.subtract(1, ordering: .sequentiallyConsistent)
+    }
+
+    /// Stops admitting calls and waits up to ``finalizeWaitMicroseconds``
+    /// for those inside to return; then `C_Finalize`. Called under `lock`.
+    /// - Returns: whether the module was finalized (false: a call stayed inside).
+    private func finalizeQuietly() -> Bool {
+        accepting.store(false, ordering: .sequentiallyConsistent)
+        var waited: useconds_t = 0
+        while callsInside.load(ordering: .sequentiallyConsistent) > 0 {
+            guard waited < PKCS11Module.finalizeWaitMicroseconds else { return false }
+            usleep(1_000)
+            waited += 1_000
+        }
+        _ = list.pointee.C_Finalize(nil)
+        return true
+    }
+
+    /// Drops one user; the last one finalizes the module, once no call is
+    /// inside it (calls arriving meanwhile get `CKR_CRYPTOKI_NOT_INITIALIZED`).
+    func release() {
+        lock.withLock { state in
+            state.users -= 1
+            guard state.users == 0 && state.initialized else { return }
+            state.initialized = false
+            // A call still inside after the wait (hung in the module): the
+            // module is left as it is; the process is about to exit.
+            _ = finalizeQuietly()
         }
     }
 
     /// `C_Finalize` then `C_Initialize`: every session and login of the
     /// process on this module is gone afterwards. Used by token recovery.
+    /// Refused with `CKR_CRYPTOKI_NOT_INITIALIZED` once the last user has
+    /// released the module, and with `CKR_FUNCTION_FAILED` (the module
+    /// left as it was) when a call stays inside past the wait.
     /// - Returns: the `C_Initialize` result.
     func reinitialize() -> PKCS11ReturnValue {
         lock.withLock { state in
-            _ = list.pointee.C_Finalize(nil)
+            guard state.users > 0 else { return .cryptokiNotInitialized }
+            guard finalizeQuietly() else {
+                accepting.store(state.initialized, ordering: .sequentiallyConsistent)
+                return .functionFailed
+            }
             let rv = PKCS11Module.initialize(list)
             state.initialized = rv == .ok || rv == .cryptokiAlreadyInitialized
+            accepting.store(state.initialized, ordering: .sequentiallyConsistent)
             return rv
         }
     }
@@ -189,6 +241,17 @@ struct PKCS11Functions: @unchecked Sendable {
 
     private var list: UnsafeMutablePointer<CK_FUNCTION_LIST> { module.list }
 
+    /// Runs `body`, which calls into the function table, inside the
+    /// module's call gate (``PKCS11Module/enter()``); once the module is
+    /// finalized, or while it is being finalized, returns `refused`
+    /// (`CKR_CRYPTOKI_NOT_INITIALIZED`) without calling it.
+    @inline(__always)
+    private func gated<R>(_ refused: R, _ body: () -> R) -> R {
+        guard module.enter() else { return refused }
+        defer { module.leave() }
+        return body()
+    }
+
     @inline(__always)
     private func intercepted(_ function: PKCS11Function, _ session: UInt) -> PKCS11ReturnValue? {
         guard let interposer else { return nil }
@@ -197,37 +260,43 @@ struct PKCS11Functions: @unchecked Sendable {
 
     /// `C_GetSlotList(CK_TRUE, …)`: slots with a token present.
     func slotsWithToken() -> (PKCS11ReturnValue, [UInt]) {
-        if let rv = intercepted(.getSlotList, 0) { return (rv, []) }
-        for _ in 0..<4 {
-            var count: UInt = 0
-            var rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetSlotList(CK_BBOOL(CK_TRUE), nil, &count))
-            guard rv == .ok else { return (rv, []) }
-            var slots = [UInt](repeating: 0, count: Int(count))
-            rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetSlotList(CK_BBOOL(CK_TRUE), &slots, &count))
-            if rv == .bufferTooSmall { continue }  // a token appeared in between
-            return (rv, Array(slots.prefix(Int(count))))
+        gated((.cryptokiNotInitialized, [])) {
+            if let rv = intercepted(.getSlotList, 0) { return (rv, []) }
+            for _ in 0..<4 {
+                var count: UInt = 0
+                var rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetSlotList(CK_BBOOL(CK_TRUE), nil, &count))
+                guard rv == .ok else { return (rv, []) }
+                var slots = [UInt](repeating: 0, count: Int(count))
+                rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetSlotList(CK_BBOOL(CK_TRUE), &slots, &count))
+                if rv == .bufferTooSmall { continue }  // a token appeared in between
+                return (rv, Array(slots.prefix(Int(count))))
+            }
+            return (.bufferTooSmall, [])
         }
-        return (.bufferTooSmall, [])
     }
 
     /// `C_GetTokenInfo`.
     func tokenInfo(slot: UInt) -> (PKCS11ReturnValue, TokenInfo?) {
-        if let rv = intercepted(.getTokenInfo, 0) { return (rv, nil) }
-        var info = CK_TOKEN_INFO()
-        let rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetTokenInfo(CK_SLOT_ID(slot), &info))
-        guard rv == .ok else { return (rv, nil) }
-        var result = TokenInfo(info)
-        if let interposer { result.flags = interposer.tokenFlags(result.flags) }
-        return (rv, result)
+        gated((.cryptokiNotInitialized, nil)) {
+            if let rv = intercepted(.getTokenInfo, 0) { return (rv, nil) }
+            var info = CK_TOKEN_INFO()
+            let rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetTokenInfo(CK_SLOT_ID(slot), &info))
+            guard rv == .ok else { return (rv, nil) }
+            var result = TokenInfo(info)
+            if let interposer { result.flags = interposer.tokenFlags(result.flags) }
+            return (rv, result)
+        }
     }
 
     /// `C_OpenSession(slot, CKF_SERIAL_SESSION [| CKF_RW_SESSION])`.
     func openSession(slot: UInt, readWrite: Bool) -> (PKCS11ReturnValue, UInt) {
-        if let rv = intercepted(.openSession, 0) { return (rv, 0) }
-        var session: CK_SESSION_HANDLE = 0
-        let flags = CK_FLAGS(CKF_SERIAL_SESSION) | (readWrite ? CK_FLAGS(CKF_RW_SESSION) : 0)
-        let rv = PKCS11ReturnValue(rawValue: list.pointee.C_OpenSession(CK_SLOT_ID(slot), flags, nil, nil, &session))
-        return (rv, UInt(session))
+        gated((.cryptokiNotInitialized, 0)) {
+            if let rv = intercepted(.openSession, 0) { return (rv, 0) }
+            var session: CK_SESSION_HANDLE = 0
+            let flags = CK_FLAGS(CKF_SERIAL_SESSION) | (readWrite ? CK_FLAGS(CKF_RW_SESSION) : 0)
+            let rv = PKCS11ReturnValue(rawValue: list.pointee.C_OpenSession(CK_SLOT_ID(slot), flags, nil, nil, &session))
+            return (rv, UInt(session))
+        }
     }
 
     /// `C_Finalize` then `C_Initialize` on the module (``PKCS11Module/reinitialize()``),
@@ -240,8 +309,10 @@ struct PKCS11Functions: @unchecked Sendable {
     /// `C_CloseSession`.
     @discardableResult
     func closeSession(_ session: UInt) -> PKCS11ReturnValue {
-        if let rv = intercepted(.closeSession, session) { return rv }
-        return PKCS11ReturnValue(rawValue: list.pointee.C_CloseSession(CK_SESSION_HANDLE(session)))
+        gated(.cryptokiNotInitialized) {
+            if let rv = intercepted(.closeSession, session) { return rv }
+            return PKCS11ReturnValue(rawValue: list.pointee.C_CloseSession(CK_SESSION_HANDLE(session)))
+        }
     }
 
     /// `C_Login(session, CKU_USER, pin)`.
@@ -255,56 +326,66 @@ struct PKCS11Functions: @unchecked Sendable {
     }
 
     private func login(_ session: UInt, userType: CK_USER_TYPE, pin: SecureBytes) -> PKCS11ReturnValue {
-        if let rv = intercepted(.login, session) { return rv }
-        return pin.withUnsafeBytes { bytes in
-            PKCS11ReturnValue(rawValue: list.pointee.C_Login(
-                CK_SESSION_HANDLE(session), userType,
-                UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
-                CK_ULONG(bytes.count)))
+        gated(.cryptokiNotInitialized) {
+            if let rv = intercepted(.login, session) { return rv }
+            return pin.withUnsafeBytes { bytes in
+                PKCS11ReturnValue(rawValue: list.pointee.C_Login(
+                    CK_SESSION_HANDLE(session), userType,
+                    UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
+                    CK_ULONG(bytes.count)))
+            }
         }
     }
 
     /// `C_Logout`.
     @discardableResult
     func logout(_ session: UInt) -> PKCS11ReturnValue {
-        if let rv = intercepted(.logout, session) { return rv }
-        return PKCS11ReturnValue(rawValue: list.pointee.C_Logout(CK_SESSION_HANDLE(session)))
+        gated(.cryptokiNotInitialized) {
+            if let rv = intercepted(.logout, session) { return rv }
+            return PKCS11ReturnValue(rawValue: list.pointee.C_Logout(CK_SESSION_HANDLE(session)))
+        }
     }
 
     /// `C_InitToken(slot, soPIN, label)`; the label is blank-padded to 32 bytes.
     func initToken(slot: UInt, soPIN: SecureBytes, label: String) -> PKCS11ReturnValue {
-        if let rv = intercepted(.initToken, 0) { return rv }
-        var padded = [UInt8](repeating: 0x20, count: 32)
-        for (index, byte) in label.utf8.prefix(32).enumerated() { padded[index] = byte }
-        return soPIN.withUnsafeBytes { bytes in
-            PKCS11ReturnValue(rawValue: list.pointee.C_InitToken(
-                CK_SLOT_ID(slot),
-                UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
-                CK_ULONG(bytes.count), &padded))
+        gated(.cryptokiNotInitialized) {
+            if let rv = intercepted(.initToken, 0) { return rv }
+            var padded = [UInt8](repeating: 0x20, count: 32)
+            for (index, byte) in label.utf8.prefix(32).enumerated() { padded[index] = byte }
+            return soPIN.withUnsafeBytes { bytes in
+                PKCS11ReturnValue(rawValue: list.pointee.C_InitToken(
+                    CK_SLOT_ID(slot),
+                    UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
+                    CK_ULONG(bytes.count), &padded))
+            }
         }
     }
 
     /// `C_InitPIN(session, userPIN)` (the session is logged in as SO).
     func initPIN(_ session: UInt, pin: SecureBytes) -> PKCS11ReturnValue {
-        if let rv = intercepted(.initPIN, session) { return rv }
-        return pin.withUnsafeBytes { bytes in
-            PKCS11ReturnValue(rawValue: list.pointee.C_InitPIN(
-                CK_SESSION_HANDLE(session),
-                UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
-                CK_ULONG(bytes.count)))
+        gated(.cryptokiNotInitialized) {
+            if let rv = intercepted(.initPIN, session) { return rv }
+            return pin.withUnsafeBytes { bytes in
+                PKCS11ReturnValue(rawValue: list.pointee.C_InitPIN(
+                    CK_SESSION_HANDLE(session),
+                    UnsafeMutablePointer(mutating: bytes.baseAddress?.assumingMemoryBound(to: UInt8.self)),
+                    CK_ULONG(bytes.count)))
+            }
         }
     }
 
     /// `C_SetPIN(session, oldPIN, newPIN)`: changes the PIN of the user
     /// logged in on `session` (a read-write session).
     func setPIN(_ session: UInt, old: SecureBytes, new: SecureBytes) -> PKCS11ReturnValue {
-        if let rv = intercepted(.setPIN, session) { return rv }
-        return old.withUnsafeBytes { oldBytes in
-            new.withUnsafeBytes { newBytes in
-                PKCS11ReturnValue(rawValue: list.pointee.C_SetPIN(
-                    CK_SESSION_HANDLE(session),
-                    UnsafeMutablePointer(mutating: oldBytes.baseAddress?.assumingMemoryBound(to: UInt8.self)), CK_ULONG(oldBytes.count),
-                    UnsafeMutablePointer(mutating: newBytes.baseAddress?.assumingMemoryBound(to: UInt8.self)), CK_ULONG(newBytes.count)))
+        gated(.cryptokiNotInitialized) {
+            if let rv = intercepted(.setPIN, session) { return rv }
+            return old.withUnsafeBytes { oldBytes in
+                new.withUnsafeBytes { newBytes in
+                    PKCS11ReturnValue(rawValue: list.pointee.C_SetPIN(
+                        CK_SESSION_HANDLE(session),
+                        UnsafeMutablePointer(mutating: oldBytes.baseAddress?.assumingMemoryBound(to: UInt8.self)), CK_ULONG(oldBytes.count),
+                        UnsafeMutablePointer(mutating: newBytes.baseAddress?.assumingMemoryBound(to: UInt8.self)), CK_ULONG(newBytes.count)))
+                }
             }
         }
     }
@@ -313,56 +394,60 @@ struct PKCS11Functions: @unchecked Sendable {
     /// - Returns: the first failing `CK_RV` and which function returned it,
     ///   or `.ok` and the raw `r ‖ s` signature.
     func signECDSA(_ session: UInt, key: UInt, digest: [UInt8]) -> (PKCS11ReturnValue, PKCS11Function, [UInt8]) {
-        var rv: PKCS11ReturnValue
-        if let injected = intercepted(.signInit, session) {
-            rv = injected
-        } else {
-            var mechanism = CK_MECHANISM(mechanism: CK_MECHANISM_TYPE(CKM_ECDSA), pParameter: nil, ulParameterLen: 0)
-            rv = PKCS11ReturnValue(rawValue: list.pointee.C_SignInit(CK_SESSION_HANDLE(session), &mechanism, CK_OBJECT_HANDLE(key)))
+        gated((.cryptokiNotInitialized, .signInit, [])) {
+            var rv: PKCS11ReturnValue
+            if let injected = intercepted(.signInit, session) {
+                rv = injected
+            } else {
+                var mechanism = CK_MECHANISM(mechanism: CK_MECHANISM_TYPE(CKM_ECDSA), pParameter: nil, ulParameterLen: 0)
+                rv = PKCS11ReturnValue(rawValue: list.pointee.C_SignInit(CK_SESSION_HANDLE(session), &mechanism, CK_OBJECT_HANDLE(key)))
+            }
+            guard rv == .ok else { return (rv, .signInit, []) }
+            if let injected = intercepted(.sign, session) {
+                return (injected, .sign, [])
+            }
+            // 2 × 66 bytes: enough for any curve up to P-521.
+            var signature = [UInt8](repeating: 0, count: 132)
+            var length = CK_ULONG(signature.count)
+            var input = digest
+            rv = PKCS11ReturnValue(rawValue: list.pointee.C_Sign(CK_SESSION_HANDLE(session), &input, CK_ULONG(input.count), &signature, &length))
+            guard rv == .ok else { return (rv, .sign, []) }
+            let output = Array(signature.prefix(Int(length)))
+            return (rv, .sign, interposer?.signed(output) ?? output)
         }
-        guard rv == .ok else { return (rv, .signInit, []) }
-        if let injected = intercepted(.sign, session) {
-            return (injected, .sign, [])
-        }
-        // 2 × 66 bytes: enough for any curve up to P-521.
-        var signature = [UInt8](repeating: 0, count: 132)
-        var length = CK_ULONG(signature.count)
-        var input = digest
-        rv = PKCS11ReturnValue(rawValue: list.pointee.C_Sign(CK_SESSION_HANDLE(session), &input, CK_ULONG(input.count), &signature, &length))
-        guard rv == .ok else { return (rv, .sign, []) }
-        let output = Array(signature.prefix(Int(length)))
-        return (rv, .sign, interposer?.signed(output) ?? output)
     }
 
     /// `C_FindObjectsInit`, `C_FindObjects` (in batches), `C_FindObjectsFinal`.
     func findObjects(_ session: UInt, template: [Attribute]) -> (PKCS11ReturnValue, PKCS11Function, [UInt]) {
-        if let rv = intercepted(.findObjectsInit, session) { return (rv, .findObjectsInit, []) }
-        var rv = Attribute.withCTemplate(template) { pointer, count in
-            PKCS11ReturnValue(rawValue: list.pointee.C_FindObjectsInit(CK_SESSION_HANDLE(session), pointer, CK_ULONG(count)))
-        }
-        guard rv == .ok else { return (rv, .findObjectsInit, []) }
-        var found: [UInt] = []
-        var failure: (PKCS11ReturnValue, PKCS11Function)?
-        while true {
-            if let injected = intercepted(.findObjects, session) {
-                failure = (injected, .findObjects)
-                break
+        gated((.cryptokiNotInitialized, .findObjectsInit, [])) {
+            if let rv = intercepted(.findObjectsInit, session) { return (rv, .findObjectsInit, []) }
+            var rv = Attribute.withCTemplate(template) { pointer, count in
+                PKCS11ReturnValue(rawValue: list.pointee.C_FindObjectsInit(CK_SESSION_HANDLE(session), pointer, CK_ULONG(count)))
             }
-            var batch = [CK_OBJECT_HANDLE](repeating: 0, count: 32)
-            var count: CK_ULONG = 0
-            rv = PKCS11ReturnValue(rawValue: list.pointee.C_FindObjects(CK_SESSION_HANDLE(session), &batch, CK_ULONG(batch.count), &count))
-            if rv != .ok {
-                failure = (rv, .findObjects)
-                break
+            guard rv == .ok else { return (rv, .findObjectsInit, []) }
+            var found: [UInt] = []
+            var failure: (PKCS11ReturnValue, PKCS11Function)?
+            while true {
+                if let injected = intercepted(.findObjects, session) {
+                    failure = (injected, .findObjects)
+                    break
+                }
+                var batch = [CK_OBJECT_HANDLE](repeating: 0, count: 32)
+                var count: CK_ULONG = 0
+                rv = PKCS11ReturnValue(rawValue: list.pointee.C_FindObjects(CK_SESSION_HANDLE(session), &batch, CK_ULONG(batch.count), &count))
+                if rv != .ok {
+                    failure = (rv, .findObjects)
+                    break
+                }
+                found.append(contentsOf: batch.prefix(Int(count)).map { UInt($0) })
+                if count < batch.count || found.count > 10_000 { break }
             }
-            found.append(contentsOf: batch.prefix(Int(count)).map { UInt($0) })
-            if count < batch.count || found.count > 10_000 { break }
+            let finalRV = intercepted(.findObjectsFinal, session)
+                ?? PKCS11ReturnValue(rawValue: list.pointee.C_FindObjectsFinal(CK_SESSION_HANDLE(session)))
+            if let failure { return (failure.0, failure.1, []) }
+            if finalRV != .ok { return (finalRV, .findObjectsFinal, []) }
+            return (.ok, .findObjects, found)
         }
-        let finalRV = intercepted(.findObjectsFinal, session)
-            ?? PKCS11ReturnValue(rawValue: list.pointee.C_FindObjectsFinal(CK_SESSION_HANDLE(session)))
-        if let failure { return (failure.0, failure.1, []) }
-        if finalRV != .ok { return (finalRV, .findObjectsFinal, []) }
-        return (.ok, .findObjects, found)
     }
 
     /// `C_GetAttributeValue` for one attribute, sized by a first call.
@@ -370,34 +455,40 @@ struct PKCS11Functions: @unchecked Sendable {
     ///   failure) and nil. A length of `CK_UNAVAILABLE_INFORMATION` maps to
     ///   `CKR_ATTRIBUTE_SENSITIVE`.
     func attribute(_ session: UInt, object: UInt, type: UInt) -> (PKCS11ReturnValue, [UInt8]?) {
-        if let rv = intercepted(.getAttributeValue, session) { return (rv, nil) }
-        var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: nil, ulValueLen: 0)
-        var rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
-        guard rv == .ok else { return (rv, nil) }
-        if query.ulValueLen == CK_ULONG.max { return (.attributeSensitive, nil) }
-        var value = [UInt8](repeating: 0, count: Int(query.ulValueLen))
-        rv = value.withUnsafeMutableBytes { buffer in
-            query.pValue = buffer.baseAddress
-            return PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
+        gated((.cryptokiNotInitialized, nil)) {
+            if let rv = intercepted(.getAttributeValue, session) { return (rv, nil) }
+            var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: nil, ulValueLen: 0)
+            var rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
+            guard rv == .ok else { return (rv, nil) }
+            if query.ulValueLen == CK_ULONG.max { return (.attributeSensitive, nil) }
+            var value = [UInt8](repeating: 0, count: Int(query.ulValueLen))
+            rv = value.withUnsafeMutableBytes { buffer in
+                query.pValue = buffer.baseAddress
+                return PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
+            }
+            guard rv == .ok else { return (rv, nil) }
+            return (rv, Array(value.prefix(Int(query.ulValueLen))))
         }
-        guard rv == .ok else { return (rv, nil) }
-        return (rv, Array(value.prefix(Int(query.ulValueLen))))
     }
 
     /// `C_CreateObject`.
     func createObject(_ session: UInt, template: [Attribute]) -> (PKCS11ReturnValue, UInt) {
-        if let rv = intercepted(.createObject, session) { return (rv, 0) }
-        var handle: CK_OBJECT_HANDLE = 0
-        let rv = Attribute.withCTemplate(template) { pointer, count in
-            PKCS11ReturnValue(rawValue: list.pointee.C_CreateObject(CK_SESSION_HANDLE(session), pointer, CK_ULONG(count), &handle))
+        gated((.cryptokiNotInitialized, 0)) {
+            if let rv = intercepted(.createObject, session) { return (rv, 0) }
+            var handle: CK_OBJECT_HANDLE = 0
+            let rv = Attribute.withCTemplate(template) { pointer, count in
+                PKCS11ReturnValue(rawValue: list.pointee.C_CreateObject(CK_SESSION_HANDLE(session), pointer, CK_ULONG(count), &handle))
+            }
+            return (rv, UInt(handle))
         }
-        return (rv, UInt(handle))
     }
 
     /// `C_DestroyObject`.
     func destroyObject(_ session: UInt, object: UInt) -> PKCS11ReturnValue {
-        if let rv = intercepted(.destroyObject, session) { return rv }
-        return PKCS11ReturnValue(rawValue: list.pointee.C_DestroyObject(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object)))
+        gated(.cryptokiNotInitialized) {
+            if let rv = intercepted(.destroyObject, session) { return rv }
+            return PKCS11ReturnValue(rawValue: list.pointee.C_DestroyObject(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object)))
+        }
     }
 }
 
