@@ -542,9 +542,7 @@ public final class HSMToken: @unchecked Sendable {
                 // replacing it (`keys import --replace`). Wait for it as
                 // sign(digest:keyID:) does; if it stays broken, forget it,
                 // so that the next listing does not wait again.
-                let inFlux = error.code == .keyNotFound || error.code == .keyInvalid
-                    || (error.returnValue.map { Self.keyInFluxFailures.contains($0) } ?? false)
-                guard inFlux, wasWhole == true else { throw error }
+                guard error.code == .keyNotFound || Self.keyInFlux(error), wasWhole == true else { throw error }
                 guard settled < Self.keySettleMicroseconds.count else {
                     forgetKey(keyID)
                     throw error
@@ -715,12 +713,8 @@ public final class HSMToken: @unchecked Sendable {
                 error.keyID = keyID
                 let known = state.withLock { $0.knownKeys.contains(keyID) && ($0.expectedKeys?.contains(keyID) ?? true) }
                 let vanished = error.code == .keyNotFound && (keyRetried || known)
-                // Two objects where the key has one, an object destroyed or
-                // half-written when its attributes were read: what a look-up
-                // meets while another process replaces the key.
-                let inFlux = error.code == .keyInvalid
-                    || (error.returnValue.map { Self.keyInFluxFailures.contains($0) } ?? false)
-                if (vanished || inFlux) && settle() { continue }
+                // Gone, or caught mid-replacement by another process: wait for it.
+                if (vanished || Self.keyInFlux(error)) && settle() { continue }
                 if vanished {
                     // The key signed here before and is gone now that its handle
                     // went stale: the token's storage itself may have gone (a
@@ -821,6 +815,13 @@ public final class HSMToken: @unchecked Sendable {
     /// process is replacing before it believes a key gone, doubled or
     /// stale for good: 155 ms in all.
     package static let keySettleMicroseconds: [useconds_t] = [5_000, 10_000, 20_000, 40_000, 80_000]
+
+    /// Whether a look-up met what another process replacing the key leaves
+    /// for a moment: two objects where the key has one (`key_invalid`), or
+    /// an object destroyed or half-written when its attributes were read.
+    static func keyInFlux(_ error: HSMError) -> Bool {
+        error.code == .keyInvalid || (error.returnValue.map { keyInFluxFailures.contains($0) } ?? false)
+    }
 
     /// What a key's objects answer while another process replaces them:
     /// stale handles, a handle that now names another object, attributes
