@@ -461,6 +461,14 @@ public final class SignerService: HTTPHandler, Sendable {
             guard let uids = key.allowedUIDs else { return true }
             return peer.uid == 0 || peer.uid == ownUID || uids.contains(peer.uid)
         }
+        /// Counts and logs a caller that per-key allow-lists leave out.
+        func noteForbidden(_ keyIDs: String) {
+            metrics.count("forbidden")
+            forbiddenWarnings.admit { suppressed in
+                logger.warning("peer_forbidden_for_key", ["peer.uid": .int(Int64(peer.uid)), "peer.pid": .int(Int64(peer.pid)), "key.id": .string(keyIDs),
+                                                          "suppressed_before": .int(Int64(suppressed))])
+            }
+        }
         if let keyID {
             do { try AppleFields.checkKeyID(keyID) } catch { throw APIError(error) }
             guard let key = config.keys.first(where: { $0.keyID == keyID }) else {
@@ -470,11 +478,7 @@ public final class SignerService: HTTPHandler, Sendable {
                 throw APIError(.bundleNotAllowed, "key \(keyID) may not sign for bundle_id \(bundleID); its bundle_ids are \(key.bundleIDs.joined(separator: ", "))", field: "bundle_id")
             }
             guard callerMay(key) else {
-                metrics.count("forbidden")
-                forbiddenWarnings.admit { suppressed in
-                    logger.warning("peer_forbidden_for_key", ["peer.uid": .int(Int64(peer.uid)), "peer.pid": .int(Int64(peer.pid)), "key.id": .string(keyID),
-                                                              "suppressed_before": .int(Int64(suppressed))])
-                }
+                noteForbidden(keyID)
                 throw APIError(.forbidden, "uid \(peer.uid) may not use key \(keyID)", field: "key_id")
             }
             return key
@@ -486,11 +490,7 @@ public final class SignerService: HTTPHandler, Sendable {
             // Keys serve the bundle, but their allow-lists leave the caller
             // out: say so (and log it), rather than that no key exists.
             let keyIDs = forBundle.map(\.keyID).joined(separator: ", ")
-            metrics.count("forbidden")
-            forbiddenWarnings.admit { suppressed in
-                logger.warning("peer_forbidden_for_key", ["peer.uid": .int(Int64(peer.uid)), "peer.pid": .int(Int64(peer.pid)), "key.id": .string(keyIDs),
-                                                          "suppressed_before": .int(Int64(suppressed))])
-            }
+            noteForbidden(keyIDs)
             throw APIError(.forbidden, "uid \(peer.uid) may use none of the keys that serve bundle_id \"\(bundleID)\" (\(keyIDs)): their allowed_uids leave it out", field: "bundle_id")
         }
         if serving.isEmpty {

@@ -72,8 +72,9 @@ func openToken(configPath: String) throws -> HSMToken {
 }
 
 /// The token's warnings for a person at a terminal, as signctl writes its
-/// own: `warning: pin_count_low: token.label=signer final_try=false; hint: …`
-/// on stderr, not the daemon's JSON log lines.
+/// own on stderr, not as the daemon's JSON log lines:
+/// `warning: pin_count_low: final_try=false token.label=signer` (fields by
+/// name), then `hint: …` on a line of its own.
 func operatorLogger() -> Logger {
     Logger(minimumLevel: .warning) { level, message, metadata in
         let fields = metadata.filter { $0.key != "hint" }.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
