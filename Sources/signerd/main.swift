@@ -310,8 +310,12 @@ func runDaemon() -> Never {
         if !reloadSelfTests.stop(waitingSeconds: Double(configuration.signTimeoutMs) / 1000 + 5) {
             logger.warning("self_test_unfinished", ["reason": "a reload's key self-test is still inside a PKCS#11 call; the token is closed regardless"])
         }
-        server.stop()
+        // The token first: from here a request still arriving on an open
+        // connection gets 503 at once, so no PKCS#11 call can start (and
+        // hang) between stop()'s check for hung calls and its join of the
+        // connection threads; close() waits for calls already inside.
         token.close()
+        server.stop()
         logger.notice("signerd_stopped", ["drained": .bool(drained), "backlog_connections": .int(Int64(adopted))])
         exit(0)
     }
