@@ -121,6 +121,9 @@ public final class HSMToken: @unchecked Sendable {
         /// key ID; kept when cached keys are dropped, to notice a key ID
         /// that now names another key (``lookUpAndCache(_:epoch:)``).
         var fingerprints: [String: String] = [:]
+        /// Reinitialized recovery steps in this outage that found the token
+        /// without some of its keys (``reinitializationsBeforeDeleted``).
+        var missingAfterReinitialize = 0
         /// The keys the application still uses (nil: all known ones).
         var expectedKeys: Set<String>?
         var loginGeneration: UInt64 = 0
@@ -816,6 +819,11 @@ public final class HSMToken: @unchecked Sendable {
     /// stale for good: 155 ms in all.
     package static let keySettleMicroseconds: [useconds_t] = [5_000, 10_000, 20_000, 40_000, 80_000]
 
+    /// How many reinitialized recovery steps in a row must find the token
+    /// without a key it had before that the key counts as deleted (about
+    /// 1 s with recovery's default backoff).
+    static let reinitializationsBeforeDeleted = 4
+
     /// Whether a look-up met what another process replacing the key leaves
     /// for a moment: two objects where the key has one (`key_invalid`), or
     /// an object destroyed or half-written when its attributes were read.
@@ -945,6 +953,7 @@ public final class HSMToken: @unchecked Sendable {
     private func recover() {
         var backoff = options.recoveryInitialBackoff
         var attempt = 0
+        state.withLock { $0.missingAfterReinitialize = 0 }
         while true {
             attempt += 1
             let jitter = Double.random(in: 0.5...1.0)
@@ -1035,7 +1044,22 @@ public final class HSMToken: @unchecked Sendable {
             // key that is not on it now was deleted (by signctl in another
             // process, say). It is no longer expected, so asking for it is a
             // plain 404 rather than another outage.
+            // Storage that comes back a moment later (SoftHSM's token
+            // directory renamed and renamed back) can also look like this
+            // once: only several reinitializations in a row without the key,
+            // with recovery's backoff between them, take it as deleted.
             if !missing.isEmpty {
+                let attempts = state.withLock { state -> Int in
+                    state.missingAfterReinitialize += 1
+                    return state.missingAfterReinitialize
+                }
+                guard attempts >= Self.reinitializationsBeforeDeleted else {
+                    state.withLock { $0.needsReinitialize = true }
+                    logger.warning("keys_not_found_after_reinitialize", ["keys": .string(missing.joined(separator: ",")), "token.label": .string(label),
+                                                                         "attempt": .int(Int64(attempts)),
+                                                                         "hint": "the module is reinitialized again before these keys count as deleted"])
+                    return .failure(HSMError(.keyNotFound, "keys \(missing.joined(separator: ", ")) not found after reinitialization \(attempts)"))
+                }
                 state.withLock { state in
                     for keyID in missing { state.knownKeys.remove(keyID) }
                 }

@@ -312,6 +312,29 @@ struct FaultToleranceTests {
         #expect(daemon.logged("key_missing_after_recovery") == 0)
     }
 
+    /// A stress run renamed SoftHSM's token directory for 0.25 s under load:
+    /// the first reinitialized recovery step found the token without the
+    /// key, took the key as deleted, and signerd answered 404 for good
+    /// (SoftHSM had reloaded the renamed directory; only another
+    /// reinitialization would have seen the key again).
+    @Test("a key missing after one reinitialization is not yet deleted: 503 while recovery reinitializes again, and the key signs when its storage is back")
+    func keyMissingAfterOneReinitialization() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let (client, body) = try signingOnce(daemon)
+        daemon.faults.hideObjects()
+        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 503)
+        #expect(poll(seconds: 5) { daemon.logged("keys_not_found_after_reinitialize") > 0 || daemon.logged("key_missing_after_recovery") > 0 })
+        #expect(daemon.logged("key_missing_after_recovery") == 0, "taken as deleted after one reinitialization")
+        let during = try client.send("POST", "/v1/sign/promotional-offer", body: body)
+        #expect(during.status == 503, "\(String(decoding: during.body, as: UTF8.self))")
+        // The storage is back before the last reinitialization: the key is found and signs.
+        daemon.faults.clear()
+        #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 })
+        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
+        #expect(daemon.logged("key_missing_after_recovery") == 0)
+    }
+
     /// api.md: "HSM errors by CKR name". A key whose handle went stale and
     /// could not be found again (the token's storage gone) was counted as
     /// `token_unavailable`, hiding the `CKR_*` value the token had answered.
