@@ -424,21 +424,33 @@ public final class HTTPServer: @unchecked Sendable {
     /// Stops every thread and closes every connection (`MHD_stop_daemon`).
     ///
     /// `MHD_stop_daemon` joins every connection thread, and a thread inside
-    /// a hung PKCS#11 call may never return: with such a call left, the
-    /// daemon object is left running (it no longer accepts after
-    /// ``stopAccepting()``) and this server stays allocated for its
-    /// callbacks, so that the caller can exit.
-    public func stop() {
+    /// a hung PKCS#11 call may never return: with such a call left after a
+    /// second's wait, the daemon object is left running (it no longer
+    /// accepts after ``stopAccepting()``) and this server stays allocated
+    /// for its callbacks, so that the caller can exit.
+    /// - Returns: whether every connection thread was joined (false: the
+    ///   daemon was left running for a hung call).
+    @discardableResult
+    public func stop() -> Bool {
         supervising.store(false, ordering: .releasing)
-        guard let daemon else { return }
+        guard let daemon else { return true }
         self.daemon = nil
+        // A call merely in progress (a request that came on an open
+        // connection after the drain) ends soon; only one still inside
+        // after a second is taken for hung.
+        var waited = 0
+        while blockingCallsInProgress > 0 && waited < 100 {
+            usleep(10_000)
+            waited += 1
+        }
         let stuck = blockingCallsInProgress
         if stuck > 0 {
             logger.warning("http_stop_left_threads", ["calls": .int(Int64(stuck)), "hint": "connection threads inside a hung HSM call cannot be joined"])
             _ = Unmanaged.passRetained(self)
-            return
+            return false
         }
         MHD_stop_daemon(daemon)
+        return true
     }
 
     // MARK: Slow and hung requests
