@@ -231,21 +231,28 @@ struct LeftRunningServerTests {
         func sent(status: Int, path: String) {}
     }
 
+    /// A started server with a `HangingHandler`, its log lines, and a client
+    /// whose `GET /hang` is inside the handler; the socket is `directory`/s.sock.
+    static func serverInsideCall(_ options: HTTPServerOptions) throws -> (HTTPServer, HangingHandler, LineCollector, UnixConnection, String) {
+        let lines = LineCollector()
+        let directory = TemporaryDirectory.make(prefix: "signerd-inside")
+        let handler = HangingHandler()
+        let server = HTTPServer(listenDescriptor: try UnixListener.bind(path: directory + "/s.sock", mode: 0o600, group: nil), options: options,
+                                handler: handler, logger: Logger(minimumLevel: .trace) { lines.append($0) })
+        try server.start()
+        let client = try UnixConnection.connect(path: directory + "/s.sock", timeout: 5)
+        try client.write(Array("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
+        try #require(handler.entered.wait(timeout: .now() + 5) == .success)
+        return (server, handler, lines, client, directory)
+    }
+
     /// A stress run's SIGTERM met a request that had come on an open
     /// connection after the drain: stop() took its call for hung, left the
     /// daemon running, and the process crashed in exit(3) under that thread.
     @Test("stop() with a blocking call that ends within a second waits for it and joins every thread")
     func stopWaitsForCallInProgress() throws {
-        let lines = LineCollector()
-        let directory = TemporaryDirectory.make(prefix: "signerd-stopwait")
-        let handler = HangingHandler()
-        let server = HTTPServer(listenDescriptor: try UnixListener.bind(path: directory + "/s.sock", mode: 0o600, group: nil), options: HTTPServerOptions(),
-                                handler: handler, logger: Logger(minimumLevel: .trace) { lines.append($0) })
-        try server.start()
-        let client = try UnixConnection.connect(path: directory + "/s.sock", timeout: 5)
+        let (server, handler, lines, client, _) = try Self.serverInsideCall(HTTPServerOptions())
         defer { client.close() }
-        try client.write(Array("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
-        try #require(handler.entered.wait(timeout: .now() + 5) == .success)
         DispatchQueue.global().asyncAfter(deadline: .now() + 0.3) { handler.release.signal() }
         #expect(server.stop(), "the call in progress was taken for hung")
         #expect(!lines.lines.contains { $0.contains("http_stop_left_threads") }, "\(lines.lines)")
@@ -253,18 +260,10 @@ struct LeftRunningServerTests {
 
     @Test("a server stopped with a hung call, then 20 servers started and freed: libmicrohttpd's next message on it reaches its own log, and the process lives")
     func leftRunningServerLogs() throws {
-        let lines = LineCollector()
-        let directory = TemporaryDirectory.make(prefix: "signerd-left")
         var options = HTTPServerOptions()
         options.signTimeoutSeconds = 0.2
-        let handler = HangingHandler()
-        let left = HTTPServer(listenDescriptor: try UnixListener.bind(path: directory + "/left.sock", mode: 0o600, group: nil), options: options,
-                              handler: handler, logger: Logger(minimumLevel: .trace) { lines.append($0) })
-        try left.start()
-        let client = try UnixConnection.connect(path: directory + "/left.sock", timeout: 5)
+        let (left, handler, lines, client, directory) = try Self.serverInsideCall(options)
         defer { client.close() }
-        try client.write(Array("GET /hang HTTP/1.1\r\nHost: x\r\n\r\n".utf8))
-        try #require(handler.entered.wait(timeout: .now() + 5) == .success)
         var answer: [UInt8] = []
         while (try? client.read(appendingTo: &answer)) ?? 0 > 0 {}
         #expect(String(decoding: answer, as: UTF8.self).hasPrefix("HTTP/1.1 503"), "the watchdog answered")
@@ -281,7 +280,7 @@ struct LeftRunningServerTests {
         // before, which crashed this process).
         // It still accepts: a malformed header line makes libmicrohttpd log on
         // it, through the context the ring had given a freed server since.
-        let malformed = try UnixConnection.connect(path: directory + "/left.sock", timeout: 5)
+        let malformed = try UnixConnection.connect(path: directory + "/s.sock", timeout: 5)
         defer { malformed.close() }
         try malformed.write(Array("GET /x HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n".utf8))
         var ignored: [UInt8] = []
