@@ -137,7 +137,8 @@ public struct HTTPServerOptions: Sendable {
     /// before it reads (Python's `http.client`, `requests`) would otherwise
     /// fail to write once the socket buffers fill, and never see the 413.
     /// A larger declared body, or one sent with `Expect: 100-continue`, is
-    /// answered from the head.
+    /// answered from the head. A chunked body has its answer sent, and the
+    /// connection closed, once more than this has arrived.
     public var drainedBodyLimit: Int { max(1024 * 1024, 16 * maxBodyBytes) }
     /// Largest request head (request line and headers) in bytes (431 above, from libmicrohttpd).
     public var maxHeaderBytes = 8 * 1024
@@ -204,6 +205,8 @@ final class RequestState: @unchecked Sendable {
     var body: [UInt8] = []
     /// The body is over the limit: it is read and thrown away, and answered 413 once it has arrived.
     var tooLarge = false
+    /// Bytes of body received so far, kept or thrown away.
+    var received = 0
     var answered = false
     var processing = false
     /// An error found from the head of a request without a body, answered
@@ -616,7 +619,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// leave libmicrohttpd room for a response.
     private func answerAndClose(_ connection: ConnectionState, with response: HTTPResponse) {
         guard connection.descriptor >= 0 else { return }
-        let reason = [429: "Too Many Requests", 431: "Request Header Fields Too Large", 503: "Service Unavailable"][response.status] ?? "Error"
+        let reason = MHD_get_reason_phrase_for(UInt32(response.status)).map { String(cString: $0) } ?? "Error"
         var head = "HTTP/1.1 \(response.status) \(reason)\r\n"
         head += "Content-Type: \(response.contentType)\r\n"
         for (name, value) in response.headers { head += "\(name): \(value)\r\n" }
@@ -816,10 +819,16 @@ public final class HTTPServer: @unchecked Sendable {
     /// Whether a request answered before its body is read has that body
     /// read and thrown away first, so that a client writing it all before
     /// reading sees the answer: a declared `Content-Length` within
-    /// ``HTTPServerOptions/drainedBodyLimit``, and no `Expect: 100-continue`.
-    private func drainsBody(declared length: Int?, _ connection: OpaquePointer) -> Bool {
-        guard let length else { return false }
-        return length <= options.drainedBodyLimit && !HTTPServer.expectsContinue(connection)
+    /// ``HTTPServerOptions/drainedBodyLimit``, or a chunked body (read up
+    /// to that limit, then answered and closed), and no
+    /// `Expect: 100-continue`.
+    private func drainsBody(declared length: Int?, chunked: Bool, _ connection: OpaquePointer) -> Bool {
+        if let length {
+            guard length <= options.drainedBodyLimit else { return false }
+        } else if !chunked {
+            return false
+        }
+        return !HTTPServer.expectsContinue(connection)
     }
 
     /// Whether the request carries `Expect: 100-continue` (RFC 9110 §10.1.1):
@@ -877,12 +886,12 @@ public final class HTTPServer: @unchecked Sendable {
                     state.earlyAnswer = early
                     return .YES
                 }
-                // A declared body within the drain limit is read and thrown
-                // away first, as for a 413: a client that writes its whole
-                // body before it reads would otherwise meet a broken pipe
-                // instead of this answer. A chunked one, or one held back
-                // for a go-ahead, is answered now.
-                if server.drainsBody(declared: contentLength, connection) {
+                // A body is read and thrown away first, as for a 413, up to
+                // the drain limit: a client that writes its whole body
+                // before it reads would otherwise meet a broken pipe
+                // instead of this answer. One held back for a go-ahead, or
+                // declared past the limit, is answered now.
+                if server.drainsBody(declared: contentLength, chunked: !headers.codings.isEmpty, connection) {
                     state.earlyAnswer = early
                     state.tooLarge = true  // discard what arrives
                     return .YES
@@ -902,7 +911,7 @@ public final class HTTPServer: @unchecked Sendable {
                 // reading gets the 413, not a broken pipe. Still bounded by
                 // request_timeout_seconds. A body past the drain limit, or one
                 // the client holds back until told to go on, is answered now.
-                if server.drainsBody(declared: contentLength, connection) {
+                if server.drainsBody(declared: contentLength, chunked: false, connection) {
                     state.tooLarge = true
                     return .YES
                 }
@@ -914,15 +923,28 @@ public final class HTTPServer: @unchecked Sendable {
 
         if let uploadSize, uploadSize.pointee > 0 {
             let size = uploadSize.pointee
-            if !state.answered {
-                if state.body.count + size > server.options.maxBodyBytes {
-                    state.tooLarge = true
-                    state.body = []
-                } else if !state.tooLarge, let uploadData {
-                    state.body.append(contentsOf: UnsafeRawBufferPointer(start: uploadData, count: size))
-                }
-            }
             uploadSize.pointee = 0
+            state.received += size
+            guard !state.answered else { return .YES }
+            if state.body.count + size > server.options.maxBodyBytes {
+                state.tooLarge = true
+                state.body = []
+            } else if !state.tooLarge, let uploadData {
+                state.body.append(contentsOf: UnsafeRawBufferPointer(start: uploadData, count: size))
+            }
+            // Only a chunked body gets here past the drain limit (a declared
+            // one that large was answered from the head): answer now and
+            // close, rather than read it until the request timeout.
+            // libmicrohttpd 0.9.75 sends nothing queued in the middle of a
+            // body, so the answer is written on the socket, as for a 431.
+            if state.received > server.options.drainedBodyLimit, let owner = state.connection, owner.descriptor >= 0 {
+                state.answered = true
+                owner.requestStarted.store(0, ordering: .releasing)
+                let response = state.earlyAnswer ?? server.handler.payloadTooLarge(path: state.path, limit: server.options.maxBodyBytes)
+                server.answerAndClose(owner, with: response)
+                server.handler.sent(status: response.status, path: state.path)
+                return .NO
+            }
             return .YES
         }
         // libmicrohttpd 0.9.75 says the request is complete with a call
