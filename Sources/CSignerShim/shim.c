@@ -81,6 +81,9 @@ static void hold_signal(int number) {
         (void)ignored;
         return;
     }
+    static const char stopped[] = "stopped in the middle of a token write: check the token with signctl keys list (it counts key objects left incomplete)\n";
+    ssize_t ignored = write(STDERR_FILENO, stopped, sizeof(stopped) - 1);
+    (void)ignored;
     set_default(number);
     raise(number);
 }

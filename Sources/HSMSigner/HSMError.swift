@@ -44,6 +44,15 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         public static let keyDuplicate = Code(rawValue: "key_duplicate")
         /// The key object is unusable (not EC P-256, no public key object, …).
         public static let keyInvalid = Code(rawValue: "key_invalid")
+        /// An import the token answered with `CKR_OK` (self-test included)
+        /// is missing, or cut short, once the token is read again from its
+        /// storage: SoftHSM keeps objects it could not write (a full disk, a
+        /// file size limit) in the memory of the importing process only.
+        public static let keyNotStored = Code(rawValue: "key_not_stored")
+        /// A new user PIN the token answered with `CKR_OK` (`C_SetPIN`) is
+        /// not what the token holds once read again from its storage: the
+        /// token is gone (SoftHSM's token file cut short) or refuses it.
+        public static let pinNotStored = Code(rawValue: "pin_not_stored")
         /// No session became free within the checkout timeout.
         public static let sessionUnavailable = Code(rawValue: "session_unavailable")
         /// The token is down and being recovered; try again after ``HSMError/retryAfter``.

@@ -163,7 +163,8 @@ extension HSMToken {
         }
     }
 
-    /// Lists the EC private keys on the token.
+    /// Lists the EC private keys on the token, leaving out incomplete ones
+    /// (``incompleteKeyObjectCount()``).
     /// - Returns: one entry per private key object, sorted by key ID.
     /// - Throws: ``HSMError`` from the search.
     public func listKeys() throws(HSMError) -> [TokenKeyInfo] {
@@ -173,7 +174,7 @@ extension HSMToken {
                 Attribute(P11.keyType, ulong: P11.ecKeyType),
             ])
             var keys: [TokenKeyInfo] = []
-            for handle in handles {
+            for handle in handles where try !isIncomplete(session, handle) {
                 let id = try readAttribute(session, handle, P11.id, keyID: nil) ?? []
                 let keyID = HSMToken.printable(id)
                 let label = HSMToken.printable(try readAttribute(session, handle, P11.label, keyID: keyID) ?? [])
@@ -336,6 +337,60 @@ extension HSMToken {
         }
     }
 
+    /// Reads the token again from its storage and checks that `keyID` is
+    /// there, whole: `C_Finalize` and `C_Initialize` on the module, a new
+    /// login, then the key looked up, its public key object compared with
+    /// `publicKey`, and a test signature through the token verified with
+    /// `publicKey`.
+    ///
+    /// SoftHSM keeps objects it could not write to its token directory (a
+    /// full disk, a file size limit) in the memory of the process that made
+    /// them: ``importKey(_:keyID:replace:allowDuplicateKey:)`` and its
+    /// self-test succeed there, while the key is missing, or cut short, for
+    /// every other process and after a restart. Only a fresh read shows it.
+    ///
+    /// Every session and login of this process on the module ends, as in
+    /// recovery: call it only where this is the one token open on the
+    /// module (signctl after an import).
+    ///
+    /// The corresponding PKCS#11 functions are `C_Finalize`, `C_Initialize`,
+    /// `C_Login`, `C_FindObjects`, `C_GetAttributeValue`, `C_SignInit` and `C_Sign`.
+    /// - Parameters:
+    ///   - keyID: the key ID just imported.
+    ///   - publicKey: the public key of the imported key file.
+    /// - Throws: ``HSMError/Code/keyNotStored`` naming what is missing;
+    ///   ``HSMError`` from the reinitialization, the slot search or the login.
+    public func confirmStored(keyID: String, publicKey: ECPublicKey) throws(HSMError) {
+        try reconnect(reinitialize: true)
+        forgetKey(keyID)
+        func notStored(_ what: String) -> HSMError {
+            var error = HSMError(.keyNotStored, "token \(label) accepted key \(keyID), yet read again from its storage \(what): the token could not write it (for SoftHSM: its token directory is full, over a file size limit, or not writable); keep the .p8 file")
+            error.keyID = keyID
+            error.tokenLabel = label
+            return error
+        }
+        try withSession { (session) throws(HSMError) in
+            let key: CachedKey
+            do throws(HSMError) {
+                key = try lookUpKey(keyID, session: session)
+            } catch {
+                switch error.code {
+                case .keyNotFound: throw notStored("it has no private key with that key ID")
+                case .keyInvalid: throw notStored("its private key with that key ID is cut short (\(error.message))")
+                default: throw error
+                }
+            }
+            guard key.publicKey?.uncompressedPoint == publicKey.uncompressedPoint else {
+                throw notStored(key.publicKey == nil ? "it has no public key object for that key ID" : "its public key object holds another key")
+            }
+            let digest = SecureRandom.bytes(32)
+            let (rv, _, raw) = functions.signECDSA(session, key: key.handle, digest: digest)
+            guard rv == .ok, publicKey.verify(rawSignature: raw, digest: digest) else {
+                throw notStored(rv == .ok ? "its test signature does not verify" : "its private key does not sign (\(rv))")
+            }
+        }
+    }
+
     /// The key IDs (`CKA_ID`, printable) of the EC public key objects whose
     /// `CKA_EC_POINT`, DER-wrapped or raw, is `publicKey`'s point; objects in
     /// `excluded` and objects without a `CKA_ID` are left out.
@@ -434,6 +489,72 @@ extension HSMToken {
             throw error
         }
         return found
+    }
+
+    /// Whether the EC key object `handle` is incomplete: it carries no
+    /// `CKA_ID`, no `CKA_LABEL` and no `CKA_EC_PARAMS`. SoftHSM writes a new
+    /// object's file before the template's attributes, so a process ended
+    /// inside `C_CreateObject` (a second Ctrl-C, `SIGKILL`, a file size
+    /// limit) leaves such an object: nothing can name it, and without a
+    /// curve it signs and verifies nothing.
+    func isIncomplete(_ session: UInt, _ handle: UInt) throws(HSMError) -> Bool {
+        for type in [P11.id, P11.label, P11.ecParams] {
+            if let value = try readAttribute(session, handle, type, keyID: nil), !value.isEmpty { return false }
+        }
+        return true
+    }
+
+    /// The handles of the token's incomplete EC private and public key
+    /// objects (``isIncomplete(_:_:)``).
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and `C_GetAttributeValue`.
+    func incompleteKeyObjects(_ session: UInt) throws(HSMError) -> [UInt] {
+        var incomplete: [UInt] = []
+        for objectClass in [P11.privateKeyClass, P11.publicKeyClass] {
+            for handle in try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.keyType, ulong: P11.ecKeyType)])
+            where try isIncomplete(session, handle) {
+                incomplete.append(handle)
+            }
+        }
+        return incomplete
+    }
+
+    /// How many EC key objects on the token are incomplete: left by a
+    /// process that ended while it created them, with no `CKA_ID`,
+    /// `CKA_LABEL` or `CKA_EC_PARAMS`. ``listKeys()`` and
+    /// ``publicKeyOnlyIDs()`` leave them out; ``deleteIncompleteKeyObjects()``
+    /// removes them.
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and `C_GetAttributeValue`.
+    /// - Returns: the number of such objects, private and public.
+    /// - Throws: ``HSMError`` from the search or an attribute read.
+    public func incompleteKeyObjectCount() throws(HSMError) -> Int {
+        try withSession { (session) throws(HSMError) -> Int in try incompleteKeyObjects(session).count }
+    }
+
+    /// Removes the token's incomplete EC key objects
+    /// (``incompleteKeyObjectCount()``); complete objects, and objects of
+    /// other types, stay.
+    ///
+    /// The corresponding PKCS#11 function is `C_DestroyObject`.
+    /// - Returns: how many objects were removed (0 when there were none).
+    /// - Throws: ``HSMError`` from the search or from `C_DestroyObject`.
+    @discardableResult
+    public func deleteIncompleteKeyObjects() throws(HSMError) -> Int {
+        let count = try withReadWriteSession { (session) throws(HSMError) -> Int in
+            let objects = try incompleteKeyObjects(session)
+            for handle in objects {
+                let rv = functions.destroyObject(session, object: handle)
+                guard rv == .ok else {
+                    throw HSMError(pkcs11: .destroyObject, rv, message: "cannot delete an incomplete key object", tokenLabel: label)
+                }
+            }
+            return objects.count
+        }
+        if count > 0 {
+            options.logger.notice("incomplete_key_objects_deleted", ["count": .int(Int64(count)), "token.label": .string(label)])
+        }
+        return count
     }
 
     /// The key IDs of public key objects (`CKO_PUBLIC_KEY`) that have no

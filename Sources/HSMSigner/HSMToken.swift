@@ -660,6 +660,40 @@ public final class HSMToken: @unchecked Sendable {
         pin.withLock { $0 = newPIN }
     }
 
+    /// Reads the token again from its storage after ``changeUserPIN(to:)``
+    /// and logs in with the new PIN: `C_Finalize`, `C_Initialize`, the
+    /// token found again, `C_Login`. SoftHSM answers `C_SetPIN` with
+    /// `CKR_OK` when it cannot write its token file (a full disk, a file
+    /// size limit), and the file it leaves cut short holds no token at all.
+    ///
+    /// Every session and login of this process on the module ends: call it
+    /// only where this is the one token open on the module (signctl).
+    /// A refused new PIN costs one try on the token's counter, as the
+    /// first login with it would.
+    /// - Throws: ``HSMError/Code/pinNotStored`` when the token is gone or
+    ///   refuses the new PIN; ``HSMError`` from `C_Initialize` otherwise.
+    public func confirmPINStored() throws(HSMError) {
+        do {
+            try reconnect(reinitialize: true)
+        } catch {
+            let label = self.label
+            let what: String
+            switch error.code {
+            case .tokenNotFound:
+                what = "the token is gone (\(error.message)): its storage could not be written and the token is damaged; restore the copy of its token directory, for which the old PIN is still right"
+            case .pinRejected:
+                what = "it refuses the new PIN (\(error.returnValue?.name ?? "refused")): the change was not stored; keep the old PIN in the PIN files"
+            default:
+                throw error
+            }
+            var failure = HSMError(.pinNotStored, "token \(label) accepted the new PIN, yet read again from its storage \(what)")
+            failure.tokenLabel = label
+            failure.returnValue = error.returnValue
+            failure.function = error.function
+            throw failure
+        }
+    }
+
     /// Opens a read-write session outside the pool for key management.
     func withReadWriteSession<R>(_ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
         try checkUp()
@@ -994,30 +1028,38 @@ public final class HSMToken: @unchecked Sendable {
         }
     }
 
-    private func rebuild(reinitialize: Bool) -> Result<Void, HSMError> {
+    /// New sessions, the token's slot found again and a new login; first
+    /// `C_Finalize` + `C_Initialize` when `reinitialize`, which ends every
+    /// session and login of this process on the module.
+    /// - Throws: ``HSMError`` from `C_Initialize`, the slot search or the login.
+    func reconnect(reinitialize: Bool) throws(HSMError) {
         if reinitialize {
             let rv = loginLock.withLock { _ in functions.reinitializeModule() }
             guard rv == .ok || rv == .cryptokiAlreadyInitialized else {
-                return .failure(HSMError(pkcs11: .initialize, rv, message: "cannot reinitialize the module"))
+                throw HSMError(pkcs11: .initialize, rv, message: "cannot reinitialize the module")
             }
             pool.reset(moduleReinitialized: true)
             state.withLock { $0.anchorSession = nil }
         } else {
             pool.reset(moduleReinitialized: false)
         }
+        let (slot, info) = try HSMToken.findSlot(functions, uri: uri)
+        state.withLock { state in
+            state.slot = slot
+            state.label = info.label
+            state.serial = info.serial
+        }
+        pool.reset(moduleReinitialized: false, slot: slot)
+        try login(afterGeneration: nil)
+    }
+
+    private func rebuild(reinitialize: Bool) -> Result<Void, HSMError> {
         let (keyIDs, epoch): ([String], UInt64) = state.withLock { state in
             state.dropKeys()
             return (state.knownKeys.filter { state.expectedKeys?.contains($0) ?? true }.sorted(), state.keysEpoch)
         }
         do {
-            let (slot, info) = try HSMToken.findSlot(functions, uri: uri)
-            state.withLock { state in
-                state.slot = slot
-                state.label = info.label
-                state.serial = info.serial
-            }
-            pool.reset(moduleReinitialized: false, slot: slot)
-            try login(afterGeneration: nil)
+            try reconnect(reinitialize: reinitialize)
             // Look the keys up again so the first request does not pay for
             // it, and sign once to prove the token signs again.
             var keys: [String: CachedKey] = [:]

@@ -36,6 +36,8 @@ func hint(for error: HSMError) -> String? {
     }
     return switch error.code {
     case .keyIDConflict: "list the token's objects with: p11tool --list-all (gnutls-bin) or pkcs11-tool --list-objects (opensc)"
+    case .pinNotStored: "for SoftHSM, free space where directories.tokendir of its softhsm2.conf points (df, and ulimit -f) before you change the PIN again; do not put the new PIN in the PIN files"
+    case .keyNotStored: "free space where the token stores its objects (for SoftHSM: df on directories.tokendir of its softhsm2.conf, and ulimit -f), then import the same file again with --replace; signctl keys list shows what is left, and signctl keys delete --incomplete --yes removes incomplete objects"
     case .keyExists: "pass --replace to replace the key on the token"
     case .keyDuplicate: "check that the file is the key App Store Connect lists under the key ID you import it as; if the same key must really carry both key IDs, pass --allow-duplicate-key"
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
@@ -220,6 +222,9 @@ func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
     let token = try openTokenForWriting(configPath: configPath)
     defer { token.close() }
     try ProcessControl.holdingTerminationSignals { try token.changeUserPIN(to: newPIN) }
+    // Read back from storage: SoftHSM answers C_SetPIN with CKR_OK when it
+    // cannot write its token file, and the token is then gone.
+    try token.confirmPINStored()
     print("changed the user PIN of token \(token.label)")
     print("next: write the new PIN into every PIN file (signerd's and signctl's), then systemctl restart signerd "
         + "(LoadCredential=, the shipped unit: a reload would read systemd's old copy), or systemctl reload signerd when its pin-source names the file itself")
@@ -269,6 +274,9 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     let result = try ProcessControl.holdingTerminationSignals {
         try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"), allowDuplicateKey: arguments.flag("allow-duplicate-key"))
     }
+    // Read back from storage, as signerd will read it: SoftHSM answers an
+    // import it could not write with CKR_OK, and its self-test passes here.
+    try token.confirmStored(keyID: result.keyID, publicKey: result.publicKey)
     if !result.duplicateOf.isEmpty {
         FileHandle.standardError.write(Data("note: the same key is also on token \(token.label) as key ID \(result.duplicateOf.joined(separator: ", ")) (--allow-duplicate-key)\n".utf8))
     }
@@ -305,7 +313,7 @@ struct KeyListEntry: Encodable {
 func keysList(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: [], flags: ["json"])
     if arguments.flag("help") {
-        print("usage: signctl keys list [--json]\n\nPrivate keys with their public key objects, then public key objects whose private key is missing\n(\"public key only\"; private_key_object false in --json), which block an import of their key ID.")
+        print("usage: signctl keys list [--json]\n\nPrivate keys with their public key objects, then public key objects whose private key is missing\n(\"public key only\"; private_key_object false in --json), which block an import of their key ID.\nIncomplete key objects (no key ID, label or curve: left by a write that stopped half-way)\nare counted in a note on stderr.")
         return .success
     }
     _ = try arguments.positionals(0, "")
@@ -313,6 +321,11 @@ func keysList(_ words: [String], configPath: String) throws -> ExitCode {
     defer { token.close() }
     let keys = try token.listKeys()
     let publicOnly = try token.publicKeyOnlyIDs()
+    let incomplete = try token.incompleteKeyObjectCount()
+    if incomplete > 0 {
+        // On stderr, so that --json stays a list of keys.
+        FileHandle.standardError.write(Data("note: token \(token.label) holds \(incomplete) incomplete key \(incomplete == 1 ? "object" : "objects") (no key ID, label or curve), left by a write that stopped half-way; \(incomplete == 1 ? "it signs" : "they sign") nothing\nhint: remove \(incomplete == 1 ? "it" : "them") with: signctl keys delete --incomplete --yes\n".utf8))
+    }
     if arguments.flag("json") {
         printJSON(keys.map {
             KeyListEntry(key_id: $0.keyID, label: $0.label, curve: $0.curve?.rawValue, private_key_object: true, public_key_object: $0.hasPublicKey,
@@ -374,9 +387,21 @@ func exportablePublicKey(_ token: HSMToken, keyID: String) throws -> ECPublicKey
 }
 
 func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
-    let arguments = try Arguments(words, options: [], flags: ["yes"])
+    let arguments = try Arguments(words, options: [], flags: ["yes", "incomplete"])
     if arguments.flag("help") {
-        print("usage: signctl keys delete KEY_ID --yes\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.")
+        print("usage: signctl keys delete KEY_ID --yes\n       signctl keys delete --incomplete --yes\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.\nWith --incomplete: removes the EC key objects that carry no key ID, label or curve, left by a write\nthat stopped half-way (keys list counts them); no other object is touched.")
+        return .success
+    }
+    if arguments.flag("incomplete") {
+        _ = try arguments.positionals(0, "")
+        guard arguments.flag("yes") else {
+            throw UsageError("deleting incomplete key objects cannot be undone", hint: "add --yes to confirm")
+        }
+        let token = try openTokenForWriting(configPath: configPath)
+        defer { token.close() }
+        let removed = try ProcessControl.holdingTerminationSignals { try token.deleteIncompleteKeyObjects() }
+        print(removed == 0 ? "no incomplete key objects on token \(token.label)"
+                           : "deleted \(removed) incomplete key \(removed == 1 ? "object" : "objects") from token \(token.label)")
         return .success
     }
     let keyID = try keyIDArgument(arguments)

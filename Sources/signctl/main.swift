@@ -21,6 +21,8 @@ Token and keys (talk to the PKCS#11 token named by token_uri in the config):
                          the public key as PEM (same bytes as `openssl ec -pubout`)
   keys delete KEY_ID --yes
                          remove a key's objects from the token
+  keys delete --incomplete --yes
+                         remove key objects with no key ID, label or curve (a write stopped half-way)
 
 Daemon (talk to signerd over its Unix socket, socket_path in the config):
   health [--json]        readiness; exit 0 ready, 69 not ready or unreachable, 75 rate limited, 77 not allowed

@@ -48,4 +48,23 @@ struct TokenPINChangeTests {
         let publicKey = try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM
         #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey), "signerd logs in with the new PIN and signs")
     }
+
+    /// SoftHSM answers C_SetPIN with CKR_OK when it cannot write its token
+    /// file, and the file it leaves cut short holds no token: signctl said
+    /// "changed the user PIN", and the next step it gave (the new PIN into
+    /// every PIN file, restart signerd) met a token that was gone.
+    @Test("a PIN change the token could not write (EFBIG) is pin_not_stored (69), never 'changed'")
+    func notStored() throws {
+        let hsm = try FreeSoftHSM()
+        let pin = try hsm.initializeToken(label: "pin-not-stored")
+        let config = try hsm.config(label: "pin-not-stored", pinPath: pin)
+        let newFile = try hsm.pinFile("new-pin", "0123456789abcdef")
+        // SIGXFSZ ignored: writes past 100 bytes fail with EFBIG, as on a full disk.
+        let run = runProgram("/bin/sh", ["-c", "trap '' XFSZ; exec \"$@\"", "sh", "/usr/bin/prlimit", "--fsize=100",
+                                         Binaries.signctl, "--config", config, "token", "change-pin", "--new-pin-file", newFile], environment: hsm.environment)
+        #expect(run.status == 69, "\(run.stdout) \(run.stderr)")
+        #expect(run.stderr.contains("pin_not_stored") && run.stderr.contains("do not put the new PIN in the PIN files"), "\(run.stderr)")
+        #expect(!run.stdout.contains("changed the user PIN"), "\(run.stdout)")
+        #expect(!run.stdout.contains("0123456789abcdef") && !run.stderr.contains("0123456789abcdef"), "no PIN in the output")
+    }
 }

@@ -44,7 +44,7 @@ struct SignalHoldTests {
         #expect(!output.contains("after the hold"), "the held signal was not raised again: \(output)")
     }
 
-    @Test("a second signal during the hold ends the process at once")
+    @Test("a second signal during the hold ends the process at once, saying how to check the token")
     func secondSignalStops() async {
         let result = await #expect(processExitsWith: .signal(SIGINT), observing: [\.standardErrorContent]) {
             Self.unblockTerminationSignals()
@@ -55,6 +55,7 @@ struct SignalHoldTests {
             }
         }
         #expect(!Self.stderr(result).contains("body finished"))
+        #expect(Self.stderr(result).contains("stopped in the middle of a token write: check the token with signctl keys list"), "\(Self.stderr(result))")
     }
 
     @Test("a signal ignored before the hold stays ignored after it")
