@@ -87,7 +87,9 @@ public struct PromotionalOfferResponse: Codable, Sendable, Equatable {
 /// `POST /v1/offers` request, in the RevenueCat SDK's offer format.
 public struct OffersRequest: Codable, Sendable, Equatable {
     /// The member names the request body may carry (built once, not per request).
-    static let fields: Set<String> = ["bundle_id", "app_user_id", "generate_offers"]
+    /// `fetch_token` (the SDK's App Store receipt, or null) is accepted and
+    /// ignored, so a body the SDK sent can be passed on as it is.
+    static let fields: Set<String> = ["bundle_id", "app_user_id", "fetch_token", "generate_offers"]
 
     /// The member names each `generate_offers` entry may carry (built once, not per request).
     static let offerFields: Set<String> = ["offer_id", "product_id", "subscription_group"]
@@ -154,6 +156,7 @@ public struct OffersRequest: Codable, Sendable, Equatable {
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         appUserID = try reader.optionalString("app_user_id") ?? ""
         let entries = try reader.array("generate_offers")
+        reader.ignore("fetch_token")
         try reader.finish()
         guard (1...Self.maximumOffers).contains(entries.count) else {
             throw APIError(.invalidField, "generate_offers must hold 1 to \(Self.maximumOffers) offers; got \(entries.count)", field: "generate_offers")

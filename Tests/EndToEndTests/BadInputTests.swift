@@ -132,6 +132,24 @@ struct BadInputTests {
         try expectServing(daemon)
     }
 
+    /// The RevenueCat SDK sends the receipt as `fetch_token`; a backend
+    /// passing the SDK's body on got 400 unknown_field.
+    @Test("batch: the RevenueCat SDK's own body, fetch_token included (string or null), is signed")
+    func batchSDKBody() throws {
+        for fetchToken in [#""MIIT\#(String(repeating: "A", count: 4000))==""#, "null"] {
+            let text = #"{"app_user_id":"$RCAnonymousID:1234","fetch_token":\#(fetchToken),"generate_offers":[{"offer_id":"o","product_id":"p","subscription_group":"21456789"}],"bundle_id":"com.example.other"}"#
+            let response = try daemon.client().send("POST", "/v1/offers", body: Array(text.utf8))
+            #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
+            let offer = try #require(try response.decode(OffersResponse.self).offers.first)
+            let data = try #require(offer.signatureData, "\(offer)")
+            let keyID = try #require(offer.keyID)
+            let publicKey = try #require(daemon.keys[keyID]).publicKeyPEM
+            #expect(try opensslVerifies(publicKeyPEM: publicKey, derSignature: Array(try #require(Data(base64Encoded: data.signature))),
+                                        message: independentPayload(bundleID: "com.example.other", keyID: keyID, productID: "p",
+                                                                    offerID: "o", token: "", nonce: data.nonce, timestamp: data.timestamp)))
+        }
+    }
+
     @Test("batch: an integer beyond Int64 fails only the entry or field that holds it")
     func batchBigIntegers() throws {
         let big = "99999999999999999999"
