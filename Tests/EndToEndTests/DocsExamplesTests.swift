@@ -1,0 +1,55 @@
+import Foundation
+import TestSupport
+import Testing
+
+/// docs/API.md says every signature and JWS in it verifies against the
+/// example public key it shows under `GET /v1/keys`. The App Store Server
+/// API token example had its `exp` edited after it was signed, and no longer
+/// verified: a client using it as a fixture failed.
+@Suite("Examples in docs/API.md and README.md")
+struct DocsExamplesTests {
+    static let text: String = (try? String(contentsOfFile: Binaries.root + "/docs/API.md", encoding: .utf8)) ?? ""
+
+    /// The example key's public key, from the `GET /v1/keys` example (a JSON string with `\n` escapes).
+    static func publicKeyPEM() throws -> String {
+        let start = try #require(text.range(of: #""public_key_pem": "-----BEGIN PUBLIC KEY-----"#))
+        let rest = text[text.index(start.lowerBound, offsetBy: #""public_key_pem": ""#.count)...]
+        let end = try #require(rest.range(of: #"-----END PUBLIC KEY-----\n""#))
+        return String(rest[..<end.lowerBound]).replacingOccurrences(of: #"\n"#, with: "\n") + "-----END PUBLIC KEY-----\n"
+    }
+
+    @Test("every compact JWS in API.md verifies with the example public key (signctl verify jws)")
+    func everyJWSVerifies() throws {
+        let pem = TemporaryDirectory.make(prefix: "signerd-docs") + "/example.pem"
+        try Self.publicKeyPEM().write(toFile: pem, atomically: false, encoding: .utf8)
+        let pattern = try NSRegularExpression(pattern: #"eyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]+"#)
+        let tokens = Set(pattern.matches(in: Self.text, range: NSRange(Self.text.startIndex..., in: Self.text)).compactMap {
+            Range($0.range, in: Self.text).map { String(Self.text[$0]) }
+        })
+        // Offer V2, introductory offer eligibility, Advanced Commerce, the App Store Server API token.
+        #expect(tokens.count >= 4, "\(tokens.count) compact JWS found in docs/API.md")
+        for token in tokens.sorted() {
+            let verified = runSignctl(["verify", "jws", token, "--public-key", pem])
+            #expect(verified.status == 0, "\(token.prefix(60))…: \(verified.stdout) \(verified.stderr)")
+        }
+    }
+
+    /// README's "check such a signature yourself" named the key ID
+    /// ABC123DEFG and left NONCE, TIMESTAMP and SIGNATURE to the reader, so
+    /// against the quickstart's daemon (key DEMO000001) it failed as written.
+    @Test("README's signature check, run as written by sh against a running signerd, prints Verified OK")
+    func readmeSignatureCheck() throws {
+        let readme = try String(contentsOfFile: Binaries.root + "/README.md", encoding: .utf8)
+        let start = try #require(readme.range(of: "SOCK=/run/signerd/signerd.sock"))
+        let end = try #require(readme.range(of: "# Verified OK", range: start.upperBound..<readme.endIndex))
+        let daemon = try DaemonHarness(keyIDs: ["DOCS000001"])
+        try daemon.start()
+        defer { daemon.stop() }
+        // Only the socket changes, as the README's comment says it may.
+        let snippet = "SOCK=" + daemon.socketPath + readme[start.upperBound..<end.upperBound]
+        let directory = TemporaryDirectory.make(prefix: "signerd-readme")
+        try snippet.write(toFile: directory + "/check.sh", atomically: false, encoding: .utf8)
+        let run = runProgram("/bin/sh", ["-c", "cd '\(directory)' && sh check.sh"])
+        #expect(run.status == 0 && run.stdout.contains("Verified OK"), "\(run.stdout) \(run.stderr)")
+    }
+}
