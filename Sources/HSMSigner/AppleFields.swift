@@ -173,7 +173,9 @@ public enum AppleFields {
     /// - Throws: ``FieldError`` `invalid_field` (`timestamp`). A positive
     ///   value of 10 digits or fewer gets a message saying it looks like
     ///   seconds and milliseconds are expected (with "multiply by 1000" when
-    ///   that lands in the window); 11 digits, that 13 are expected.
+    ///   that lands in the window); 11 digits, that 13 are expected; one
+    ///   in the future that is microseconds or nanoseconds of a time in the
+    ///   window, to divide by 1000 or 1000000.
     public static func checkTimestamp(_ timestamp: Int64, now: Int64) throws(FieldError) {
         let window = (now - timestampMaximumAge)...(now + timestampMaximumSkew)
         if timestamp > 0, timestamp < 10_000_000_000 {
@@ -187,7 +189,11 @@ public enum AppleFields {
             throw .invalid("timestamp", "timestamp \(timestamp) is more than 24 hours in the past; Apple accepts a signed offer for 24 hours (UNIX time in milliseconds)")
         }
         if timestamp > now + timestampMaximumSkew {
-            throw .invalid("timestamp", "timestamp \(timestamp) is more than 5 minutes in the future (UNIX time in milliseconds; now is \(now))")
+            // 16 or 19 digits: a clock read in microseconds or nanoseconds.
+            let unit = [(1_000, "microseconds", "divide by 1000"), (1_000_000, "nanoseconds", "divide by 1000000")]
+                .first { window.contains(timestamp / $0.0) }
+            let hint = unit.map { "; \(timestamp) looks like UNIX time in \($0.1) — \($0.2)" } ?? ""
+            throw .invalid("timestamp", "timestamp \(timestamp) is more than 5 minutes in the future (UNIX time in milliseconds, 13 digits; now is \(now))\(hint)")
         }
     }
 

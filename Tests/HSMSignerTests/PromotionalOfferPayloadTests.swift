@@ -72,7 +72,7 @@ struct PromotionalOfferPayloadTests {
         #expect(error?.message.contains(c.field) == true)
     }
 
-    @Test("timestamps: seconds are refused with a hint, and the 24 h / 5 min window holds")
+    @Test("timestamps: seconds, microseconds and nanoseconds are refused with a hint, and the 24 h / 5 min window holds")
     func timestamps() throws {
         let now: Int64 = 1_790_800_914_034
         try AppleFields.checkTimestamp(now, now: now)
@@ -98,6 +98,12 @@ struct PromotionalOfferPayloadTests {
         #expect(old?.message.contains("24 hours") == true)
         let future = #expect(throws: FieldError.self) { try AppleFields.checkTimestamp(now + AppleFields.timestampMaximumSkew + 1, now: now) }
         #expect(future?.message.contains("5 minutes") == true)
+        #expect(future?.message.contains("looks like") == false, "\(future?.message ?? "")")
+        // A clock read in microseconds or nanoseconds said only "more than 5 minutes in the future".
+        for (value, unit, advice) in [(now * 1000 + 123, "microseconds", "divide by 1000"), (now * 1_000_000 + 456_789, "nanoseconds", "divide by 1000000")] {
+            let refused = #expect(throws: FieldError.self) { try AppleFields.checkTimestamp(value, now: now) }
+            #expect(refused?.message.contains("looks like UNIX time in \(unit) — \(advice)") == true, "\(refused?.message ?? "")")
+        }
     }
 
     @Test("random nonces are lowercase UUID v4 and differ")
