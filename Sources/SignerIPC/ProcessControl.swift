@@ -35,6 +35,31 @@ public enum ProcessControl {
         return Int(limit.rlim_cur)
     }
 
+    /// Raises the soft file size limit (`RLIMIT_FSIZE`, `ulimit -f`) to
+    /// the hard limit. SoftHSM rewrites its token file in place at every
+    /// `C_Login` and token write: a write past the limit ends the process
+    /// (`SIGXFSZ`) or fails (`EFBIG`), and leaves the file cut short, which
+    /// destroys the token. Call before the PKCS#11 module is loaded.
+    /// - Returns: the limit in effect afterwards in bytes, or nil when
+    ///   there is none (`RLIM_INFINITY`, the usual case).
+    @discardableResult
+    public static func raiseFileSizeLimit() -> UInt64? {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_FSIZE.rawValue), &limit) == 0 else { return nil }
+        if limit.rlim_cur != limit.rlim_max {
+            limit.rlim_cur = limit.rlim_max
+            setrlimit(Int32(RLIMIT_FSIZE.rawValue), &limit)
+            getrlimit(Int32(RLIMIT_FSIZE.rawValue), &limit)
+        }
+        return limit.rlim_cur == rlim_t.max ? nil : UInt64(limit.rlim_cur)  // RLIM_INFINITY
+    }
+
+    /// What to say about a file size limit ``raiseFileSizeLimit()`` could
+    /// not lift, for signctl's warning and signerd's log.
+    public static func fileSizeLimitWarning(_ bytes: UInt64) -> String {
+        "the file size limit (ulimit -f, LimitFSIZE=) is \(bytes) bytes and cannot be raised: SoftHSM rewrites its token file at every login and write, and a write past the limit cuts the file short and destroys the token; run with no file size limit"
+    }
+
     /// Runs `body` with SIGINT, SIGTERM, SIGHUP and SIGQUIT held, for a
     /// write to the token that must not stop half-way: SoftHSM rewrites its
     /// token file in place (`C_CreateObject`, `C_DestroyObject`, `C_SetPIN`,

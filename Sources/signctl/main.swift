@@ -178,37 +178,70 @@ func runCommand(_ words: [String]) throws -> ExitCode {
 // neither may land in a core file or be read by ptrace, as in signerd.
 ProcessControl.disableCoreDumps()
 
-var caught: (message: String, hint: String?, code: ExitCode, errorCode: String?)?
-do {
-    try Arguments.checkUTF8((1..<Int(CommandLine.argc)).map { index in
-        CommandLine.unsafeArgv[index].map { Array(UnsafeBufferPointer(start: UnsafeRawPointer($0).assumingMemoryBound(to: UInt8.self), count: strlen($0))) } ?? []
-    })
-    exit(try runCommand(Array(CommandLine.arguments.dropFirst())).rawValue)
-} catch let error as UsageError {
-    caught = (error.message, error.hint, .usage, nil)
-} catch let error as CommandFailure {
-    caught = (error.message, error.hint, error.code, error.errorCode)
-} catch let error as HSMError {
-    caught = (error.description, hint(for: error), exitCode(for: error), error.code.rawValue)
-} catch let error as CryptoError {
-    caught = (error.description, nil, .dataError, error.code.rawValue)
-} catch let error as BenchmarkError {
-    if let response = error.response {
-        // The daemon refused bench's first request (403, 429, 503): its own code and words.
-        let refusal = failure(from: response)
-        caught = ("\(error.description): \(refusal.message)", refusal.hint, refusal.code, response.error?.code)
-    } else {
-        // bench's --key-id names no configured key, or the key has no public key for --verify.
-        caught = (error.description, nil, .dataError, nil)
+/// Runs the command and reports a failure on stderr (and, with `--json`,
+/// as one JSON object on stdout).
+/// - Returns: the exit status.
+func runReporting(_ words: [String]) -> Int32 {
+    var caught: (message: String, hint: String?, code: ExitCode, errorCode: String?)?
+    do {
+        try Arguments.checkUTF8((1..<Int(CommandLine.argc)).map { index in
+            CommandLine.unsafeArgv[index].map { Array(UnsafeBufferPointer(start: UnsafeRawPointer($0).assumingMemoryBound(to: UInt8.self), count: strlen($0))) } ?? []
+        })
+        return try runCommand(words).rawValue
+    } catch let error as UsageError {
+        caught = (error.message, error.hint, .usage, nil)
+    } catch let error as CommandFailure {
+        caught = (error.message, error.hint, error.code, error.errorCode)
+    } catch let error as HSMError {
+        caught = (error.description, hint(for: error), exitCode(for: error), error.code.rawValue)
+    } catch let error as CryptoError {
+        caught = (error.description, nil, .dataError, error.code.rawValue)
+    } catch let error as BenchmarkError {
+        if let response = error.response {
+            // The daemon refused bench's first request (403, 429, 503): its own code and words.
+            let refusal = failure(from: response)
+            caught = ("\(error.description): \(refusal.message)", refusal.hint, refusal.code, response.error?.code)
+        } else {
+            // bench's --key-id names no configured key, or the key has no public key for --verify.
+            caught = (error.description, nil, .dataError, nil)
+        }
+    } catch {
+        // Every error signctl expects is caught above; anything else is its own fault.
+        caught = ("\(error)", nil, .software, nil)
     }
-} catch {
-    // Every error signctl expects is caught above; anything else is its own fault.
-    caught = ("\(error)", nil, .software, nil)
+    let reported = caught ?? ("unknown failure", nil, .software, nil)
+    writeError(reported.message, hint: reported.hint)
+    // A script that asked for --json reads one JSON object on stdout either way.
+    if words.contains("--json") {
+        printJSON(["error": JSONFailure(code: reported.errorCode, message: reported.message, hint: reported.hint, exitCode: reported.code.rawValue)])
+    }
+    return reported.code.rawValue
 }
-let reported = caught ?? ("unknown failure", nil, .software, nil)
-writeError(reported.message, hint: reported.hint)
-// A script that asked for --json reads one JSON object on stdout either way.
-if CommandLine.arguments.dropFirst().contains("--json") {
-    printJSON(["error": JSONFailure(code: reported.errorCode, message: reported.message, hint: reported.hint, exitCode: reported.code.rawValue)])
+
+/// Whether `words` name a command that logs in to the token and may write
+/// to it (`token init`, `token change-pin`, `keys import`, `keys list`,
+/// `keys export-public`, `keys delete`). SoftHSM rewrites its token file in
+/// place at `C_Login` as well as at every write, and a process ended in the
+/// middle leaves the token unusable; so these commands run whole, answer or
+/// error included, under one hold of the termination signals. A Ctrl-C
+/// then ends signctl once it has said what it did; a second one at once.
+func holdsSignalsThroughout(_ words: [String]) -> Bool {
+    guard let (_, rest) = try? splitGlobalOptions(words), rest.count >= 2 else { return false }
+    let command = rest[0] + " " + rest[1]
+    return ["token init", "token change-pin", "keys import", "keys list", "keys export-public", "keys delete"].contains(command)
 }
-exit(reported.code.rawValue)
+
+let words = Array(CommandLine.arguments.dropFirst())
+if holdsSignalsThroughout(words), let bytes = ProcessControl.raiseFileSizeLimit() {
+    FileHandle.standardError.write(Data("warning: file_size_limit: \(ProcessControl.fileSizeLimitWarning(bytes))\n".utf8))
+}
+let status = holdsSignalsThroughout(words)
+    ? ProcessControl.holdingTerminationSignals {
+        let status = runReporting(words)
+        // Out before the held signal ends the process: stdout to a pipe is
+        // buffered, and a signal's default action does not flush it.
+        fflush(nil)
+        return status
+    }
+    : runReporting(words)
+exit(status)

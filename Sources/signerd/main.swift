@@ -176,6 +176,9 @@ func runDaemon() -> Never {
     let logger = Logger(minimumLevel: configuration.logLevel)
     for advisory in configuration.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
     ProcessControl.raiseOpenFileLimit(to: 2 * (configuration.maxConnections + HTTPServerOptions().reservedConnections) + 64)
+    if let bytes = ProcessControl.raiseFileSizeLimit() {
+        logger.warning("file_size_limit", ["bytes": .int(Int64(clamping: bytes)), "hint": .string(ProcessControl.fileSizeLimitWarning(bytes))])
+    }
 
     var tokenOptions = TokenOptions()
     tokenOptions.sessionPoolSize = configuration.sessionPoolSize
