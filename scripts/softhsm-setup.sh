@@ -68,6 +68,18 @@ mv "$conf.tmp" "$conf"
 [ -s "$dir/so-pin" ] || openssl rand -hex 16 > "$dir/so-pin"
 chmod 0600 "$dir/pin" "$dir/so-pin"
 
+# A token directory whose token.object is empty or gone was cut short while
+# SoftHSM rewrote it (a process ended mid-write, a full disk): SoftHSM then
+# counts it as a free slot, and token init would make a new, empty token
+# beside it, hiding the damage.
+for token_dir in "$dir"/tokens/*/; do
+  [ -d "$token_dir" ] || continue
+  if [ ! -s "$token_dir/token.object" ]; then
+    echo "error: ${token_dir%/} holds a SoftHSM token whose token.object is empty or missing: it was cut short while written (a process ended mid-write, a full disk); restore that directory from your copy, or move it away to start afresh (its keys are lost)" >&2
+    exit 65
+  fi
+done
+
 SOFTHSM2_CONF=$conf "$signctl" token init --label "$label" --module "$module" \
   --pin-file "$dir/pin" --so-pin-file "$dir/so-pin" >&2
 

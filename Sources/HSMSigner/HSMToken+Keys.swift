@@ -33,6 +33,9 @@ public struct KeyImportResult: Sendable {
     /// Other key IDs whose public key objects hold the same key, sorted;
     /// empty unless the import was told to allow a duplicate key.
     public var duplicateOf: [String] = []
+    /// The points the replaced public key objects held (uncompressed), for
+    /// ``HSMToken/settleStoredImport(_:)``.
+    var previousPoints: [[UInt8]] = []
 }
 
 extension HSMToken {
@@ -52,7 +55,7 @@ extension HSMToken {
             throw error
         }
         guard handles.count == 1 else {
-            var error = HSMError(.keyInvalid, "\(handles.count) private keys carry key ID \(keyID) on token \(label); delete the extra ones")
+            var error = HSMError(.keyInvalid, "\(handles.count) private keys carry key ID \(keyID) on token \(label) (a replacement that stopped half-way, or another tool); import the right .p8 again with signctl keys import --replace, which replaces every key object with that key ID")
             error.keyID = keyID
             throw error
         }
@@ -94,7 +97,7 @@ extension HSMToken {
         // when they hold the same key; otherwise which one goes with the
         // private key cannot be told.
         for other in handles.dropFirst() where try readAttribute(session, other, P11.ecPoint, keyID: keyID) != point {
-            var error = HSMError(.keyInvalid, "\(handles.count) public key objects with different keys carry key ID \(keyID) on token \(label); delete the extra ones")
+            var error = HSMError(.keyInvalid, "\(handles.count) public key objects with different keys carry key ID \(keyID) on token \(label) (a replacement that stopped half-way, or another tool); import the right .p8 again with signctl keys import --replace, which replaces every key object with that key ID")
             error.keyID = keyID
             throw error
         }
@@ -225,15 +228,26 @@ extension HSMToken {
     ///   ``HSMError/Code/keyExists`` (without `replace`),
     ///   ``HSMError/Code/keyDuplicate`` naming the other key IDs (without
     ///   `allowDuplicateKey`), both before any change;
-    ///   ``HSMError/Code/verificationFailed`` (self-test), `pkcs11_failure`.
-    public func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool, allowDuplicateKey: Bool = false) throws(HSMError) -> KeyImportResult {
-        try importKey(material, keyID: keyID, replace: replace, allowDuplicateKey: allowDuplicateKey, extractable: false)
+    ///   ``HSMError/Code/verificationFailed`` (self-test), `pkcs11_failure`;
+    ///   with `confirmingStorage`, ``HSMError/Code/keyNotStored``.
+    /// - Parameter confirmingStorage: read the token back from its storage
+    ///   before the older objects are removed (``settleStoredImport(_:)``);
+    ///   only where this is the one token open on the module (signctl).
+    public func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool, allowDuplicateKey: Bool = false, confirmingStorage: Bool = false) throws(HSMError) -> KeyImportResult {
+        guard confirmingStorage else {
+            return try importKey(material, keyID: keyID, replace: replace, allowDuplicateKey: allowDuplicateKey, extractable: false)
+        }
+        let result = try importKey(material, keyID: keyID, replace: replace, allowDuplicateKey: allowDuplicateKey, extractable: false, removingOld: false)
+        try settleStoredImport(result)
+        return result
     }
 
-    /// ``importKey(_:keyID:replace:allowDuplicateKey:)`` with
+    /// ``importKey(_:keyID:replace:allowDuplicateKey:confirmingStorage:)`` with
     /// `CKA_EXTRACTABLE` and the opposite `CKA_SENSITIVE` chosen: true only in
-    /// tests, to make the key a vendor tool may leave on a token.
-    func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool, allowDuplicateKey: Bool = false, extractable: Bool) throws(HSMError) -> KeyImportResult {
+    /// tests, to make the key a vendor tool may leave on a token. With
+    /// `removingOld` false, older objects with the key ID stay for
+    /// ``settleStoredImport(_:)`` to remove.
+    func importKey(_ material: ECPrivateKeyMaterial, keyID: String, replace: Bool, allowDuplicateKey: Bool = false, extractable: Bool, removingOld: Bool = true) throws(HSMError) -> KeyImportResult {
         guard KeyID.isValid(keyID) else {
             throw HSMError(.keyInvalid, "key ID \(keyID) is not 10 characters A-Z0-9")
         }
@@ -325,69 +339,121 @@ extension HSMToken {
                 error.keyID = keyID
                 throw error
             }
+            // The points the older public key objects hold, to tell them from
+            // the new key's once the token is read back.
+            var previousPoints: [[UInt8]] = []
             for handle in old {
-                let rv = functions.destroyObject(session, object: handle)
-                guard rv == .ok else {
-                    throw HSMError(pkcs11: .destroyObject, rv, message: "imported the new key but cannot remove the old objects", tokenLabel: label, keyID: keyID)
+                if let value = try readAttribute(session, handle, P11.ecPoint, keyID: keyID), let point = HSMToken.uncompressedPoint(fromECPoint: value, curve: .p256) {
+                    previousPoints.append(point)
                 }
+            }
+            if removingOld {
+                try destroy(old, session: session, keyID: keyID)
             }
             forgetKey(keyID)
             options.logger.notice("key_imported", ["key.id": .string(keyID), "token.label": .string(label), "replaced": .bool(!old.isEmpty)])
-            return KeyImportResult(keyID: keyID, publicKey: material.publicKey, replaced: !old.isEmpty, duplicateOf: duplicateOf)
+            var result = KeyImportResult(keyID: keyID, publicKey: material.publicKey, replaced: !old.isEmpty, duplicateOf: duplicateOf)
+            result.previousPoints = previousPoints
+            return result
         }
     }
 
-    /// Reads the token again from its storage and checks that `keyID` is
-    /// there, whole: `C_Finalize` and `C_Initialize` on the module, a new
-    /// login, then the key looked up, its public key object compared with
-    /// `publicKey`, and a test signature through the token verified with
-    /// `publicKey`.
+    /// Removes `old` with `C_DestroyObject`, stopping at the first failure.
+    private func destroy(_ old: [UInt], session: UInt, keyID: String) throws(HSMError) {
+        for handle in old {
+            let rv = functions.destroyObject(session, object: handle)
+            guard rv == .ok else {
+                throw HSMError(pkcs11: .destroyObject, rv, message: "imported the new key but cannot remove the old objects", tokenLabel: label, keyID: keyID)
+            }
+        }
+    }
+
+    /// Finishes an import made with `removingOld` false: reads the token
+    /// again from its storage (`C_Finalize`, `C_Initialize`, a new login)
+    /// and sorts the key objects that carry the key ID. When a private key
+    /// that signs for the imported public key and a public key object that
+    /// holds it are there, the other objects with the key ID (the replaced
+    /// key, extra copies, objects cut short) are removed. Otherwise the
+    /// import is undone as far as storage allows (the new key's objects,
+    /// objects cut short, incomplete ones) and the older key stays.
     ///
     /// SoftHSM keeps objects it could not write to its token directory (a
     /// full disk, a file size limit) in the memory of the process that made
-    /// them: ``importKey(_:keyID:replace:allowDuplicateKey:)`` and its
-    /// self-test succeed there, while the key is missing, or cut short, for
-    /// every other process and after a restart. Only a fresh read shows it.
+    /// them: the import and its self-test succeed there, while the key is
+    /// missing or cut short for every other process and after a restart.
+    /// Only a fresh read shows it, and only then may the replaced key go.
     ///
     /// Every session and login of this process on the module ends, as in
-    /// recovery: call it only where this is the one token open on the
-    /// module (signctl after an import).
+    /// recovery: call it only where this is the one token open on the module.
     ///
     /// The corresponding PKCS#11 functions are `C_Finalize`, `C_Initialize`,
-    /// `C_Login`, `C_FindObjects`, `C_GetAttributeValue`, `C_SignInit` and `C_Sign`.
-    /// - Parameters:
-    ///   - keyID: the key ID just imported.
-    ///   - publicKey: the public key of the imported key file.
-    /// - Throws: ``HSMError/Code/keyNotStored`` naming what is missing;
-    ///   ``HSMError`` from the reinitialization, the slot search or the login.
-    public func confirmStored(keyID: String, publicKey: ECPublicKey) throws(HSMError) {
-        try reconnect(reinitialize: true)
-        forgetKey(keyID)
-        func notStored(_ what: String) -> HSMError {
-            var error = HSMError(.keyNotStored, "token \(label) accepted key \(keyID), yet read again from its storage \(what): the token could not write it (for SoftHSM: its token directory is full, over a file size limit, or not writable); keep the .p8 file")
+    /// `C_Login`, `C_FindObjects`, `C_GetAttributeValue`, `C_SignInit`,
+    /// `C_Sign` and `C_DestroyObject`.
+    /// - Throws: ``HSMError/Code/keyNotStored`` naming what is missing and
+    ///   whether the older key was kept; ``HSMError`` from the
+    ///   reinitialization, the login or a removal.
+    func settleStoredImport(_ result: KeyImportResult) throws(HSMError) {
+        let keyID = result.keyID
+        let newPoint = result.publicKey.uncompressedPoint
+        // The same key imported again: its older objects are the new ones too.
+        let sameKeyBefore = result.previousPoints.contains(newPoint)
+        func notStored(_ what: String, kept: String? = nil) -> HSMError {
+            let kept = kept ?? (result.replaced ? "the key \(keyID) had before is kept" : "nothing was imported")
+            var error = HSMError(.keyNotStored, "token \(label) accepted key \(keyID), yet read again from its storage \(what): the token could not write it (for SoftHSM: its token directory is full, over a file size limit, or not writable); \(kept); keep the .p8 file")
             error.keyID = keyID
             error.tokenLabel = label
             return error
         }
-        try withSession { (session) throws(HSMError) in
-            let key: CachedKey
-            do throws(HSMError) {
-                key = try lookUpKey(keyID, session: session)
-            } catch {
-                switch error.code {
-                case .keyNotFound: throw notStored("it has no private key with that key ID")
-                case .keyInvalid: throw notStored("its private key with that key ID is cut short (\(error.message))")
-                default: throw error
+        do {
+            try reconnect(reinitialize: true)
+        } catch where error.code == .tokenNotFound {
+            throw notStored("the token itself is gone (\(error.message))", kept: "every key on it is lost until the copy of its token directory is restored")
+        }
+        forgetKey(keyID)
+        let idBytes = Array(keyID.utf8)
+        try withReadWriteSession { (session) throws(HSMError) in
+            var storedPrivate: UInt?
+            var storedPublic: UInt?
+            var extraNew: [UInt] = []
+            var broken: [UInt] = []
+            var others: [UInt] = []
+            for handle in try find(session, [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.id, idBytes)]) {
+                guard let params = try readAttribute(session, handle, P11.ecParams, keyID: keyID), ECCurve(parametersDER: params) == .p256 else {
+                    broken.append(handle)
+                    continue
+                }
+                let digest = SecureRandom.bytes(32)
+                let (rv, _, raw) = functions.signECDSA(session, key: handle, digest: digest)
+                if rv != .ok {
+                    broken.append(handle)
+                } else if result.publicKey.verify(rawSignature: raw, digest: digest) {
+                    if storedPrivate == nil { storedPrivate = handle } else { extraNew.append(handle) }
+                } else {
+                    others.append(handle)
                 }
             }
-            guard key.publicKey?.uncompressedPoint == publicKey.uncompressedPoint else {
-                throw notStored(key.publicKey == nil ? "it has no public key object for that key ID" : "its public key object holds another key")
+            for handle in try find(session, [Attribute(P11.classAttribute, ulong: P11.publicKeyClass), Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.id, idBytes)]) {
+                let point = try readAttribute(session, handle, P11.ecPoint, keyID: keyID).flatMap { HSMToken.uncompressedPoint(fromECPoint: $0, curve: .p256) }
+                if point == nil {
+                    broken.append(handle)
+                } else if point == newPoint {
+                    if storedPublic == nil { storedPublic = handle } else { extraNew.append(handle) }
+                } else {
+                    others.append(handle)
+                }
             }
-            let digest = SecureRandom.bytes(32)
-            let (rv, _, raw) = functions.signECDSA(session, key: key.handle, digest: digest)
-            guard rv == .ok, publicKey.verify(rawSignature: raw, digest: digest) else {
-                throw notStored(rv == .ok ? "its test signature does not verify" : "its private key does not sign (\(rv))")
+            if storedPrivate != nil, storedPublic != nil {
+                try destroy(others + extraNew + broken, session: session, keyID: keyID)
+                return
             }
+            // Not stored: take back what the import left, so that the older
+            // key (if any) is again the only one with the key ID; best effort,
+            // on storage that is failing.
+            var leftovers = broken + (try incompleteKeyObjects(session))
+            if !sameKeyBefore { leftovers += [storedPrivate, storedPublic].compactMap { $0 } + extraNew }
+            for handle in leftovers { _ = functions.destroyObject(session, object: handle) }
+            throw notStored(storedPrivate == nil && storedPublic == nil ? "neither of its key objects is there whole"
+                            : storedPrivate == nil ? "its private key object is missing or cut short" : "its public key object is missing or cut short")
         }
     }
 

@@ -579,7 +579,7 @@ public final class SignerService: HTTPHandler, Sendable {
             api.retryAfter = max(1, Int((error.retryAfter ?? 1).rounded(.up)))
             return api
         default:
-            logger.error("sign_error", ["key.id": .string(keyID), "error": .string(error.code.rawValue)])
+            logger.error("sign_error", ["key.id": .string(keyID), "error": .string(error.code.rawValue), "detail": .string(error.message)])
             return APIError(.internalError, "key \(keyID) cannot sign: \(error.code)")
         }
     }

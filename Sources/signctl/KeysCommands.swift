@@ -41,7 +41,8 @@ func hint(for error: HSMError) -> String? {
     case .keyExists: "pass --replace to replace the key on the token"
     case .keyDuplicate: "check that the file is the key App Store Connect lists under the key ID you import it as; if the same key must really carry both key IDs, pass --allow-duplicate-key"
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
-    case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made"
+    case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made. "
+        + "A SoftHSM token that was there before and now counts as uninitialized had its token.object cut short (a process ended while writing it, a full disk, a file size limit): restore the copy of its token directory"
     case .pinSourceInsecure where error.fileOwner != nil: "chown the PIN file to root or to the user signctl runs as (and chmod 0600 it)"
     case .pinSourceInsecure: "chmod 0600 the PIN file"
     case .pinSourceUnreadable: "the PIN file must be a regular file this user can read, with the PIN alone on one line"
@@ -272,11 +273,11 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
                              hint: "remove it with: signctl keys delete \(keyID) --yes (or pass --replace)")
     }
     let result = try ProcessControl.holdingTerminationSignals {
-        try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"), allowDuplicateKey: arguments.flag("allow-duplicate-key"))
+        // Read back from storage, as signerd will read it, before the old
+        // key goes: SoftHSM answers an import it could not write with
+        // CKR_OK, and its self-test passes in this process.
+        try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"), allowDuplicateKey: arguments.flag("allow-duplicate-key"), confirmingStorage: true)
     }
-    // Read back from storage, as signerd will read it: SoftHSM answers an
-    // import it could not write with CKR_OK, and its self-test passes here.
-    try token.confirmStored(keyID: result.keyID, publicKey: result.publicKey)
     if !result.duplicateOf.isEmpty {
         FileHandle.standardError.write(Data("note: the same key is also on token \(token.label) as key ID \(result.duplicateOf.joined(separator: ", ")) (--allow-duplicate-key)\n".utf8))
     }

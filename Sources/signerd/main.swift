@@ -70,7 +70,10 @@ func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger, stopp
                 break
             }
             failed.append(key.keyID)
-            logger.error("key_unusable", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue), "hint": "import it with signctl keys import; /readyz reports it until then"])
+            let fix = error.code == .keyNotFound ? "import it with signctl keys import"
+                : "import its .p8 again with signctl keys import --replace, which replaces every key object with that key ID"
+            logger.error("key_unusable", ["key.id": .string(key.keyID), "error": .string(error.code.rawValue), "detail": .string(error.message),
+                                          "hint": .string(fix + "; /readyz reports it until then")])
         }
     }
     return failed

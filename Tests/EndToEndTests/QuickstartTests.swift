@@ -37,3 +37,26 @@ struct QuickstartTests {
         #expect(!result.stdout.contains("delete .demo"), "\(result.stdout)")
     }
 }
+
+@Suite("scripts/softhsm-setup.sh")
+struct SoftHSMSetupTests {
+    /// With token.object cut short (emptied by a process ended mid-write),
+    /// SoftHSM counts the token as a free slot: running the script again
+    /// made a new, empty token with the same label beside it, and keys list
+    /// said "no keys" instead of showing the damage.
+    @Test("run again over a token whose token.object is empty, it refuses (65) naming the directory, and makes no new token")
+    func damagedTokenRefused() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-setup")
+        let setup = Binaries.root + "/scripts/softhsm-setup.sh"
+        let first = runProgram("/usr/bin/env", ["SIGNCTL=\(Binaries.signctl)", setup, directory])
+        try #require(first.status == 0, "\(first.stderr)")
+        #expect(runProgram("/usr/bin/env", ["SIGNCTL=\(Binaries.signctl)", setup, directory]).status == 0, "run again on a sound token: nothing changes")
+        let tokens = try FileManager.default.contentsOfDirectory(atPath: directory + "/tokens")
+        try #require(tokens.count == 1, "\(tokens)")
+        try Data().write(to: URL(fileURLWithPath: directory + "/tokens/" + tokens[0] + "/token.object"))
+        let again = runProgram("/usr/bin/env", ["SIGNCTL=\(Binaries.signctl)", setup, directory])
+        #expect(again.status == 65, "\(again.stdout) \(again.stderr)")
+        #expect(again.stderr.contains("tokens/\(tokens[0]) holds a SoftHSM token whose token.object is empty or missing"), "\(again.stderr)")
+        #expect(try FileManager.default.contentsOfDirectory(atPath: directory + "/tokens").count == 1, "no second token")
+    }
+}

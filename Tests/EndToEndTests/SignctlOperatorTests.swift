@@ -405,9 +405,7 @@ struct SignctlImportNotStoredTests {
     func notStored() throws {
         let (_, config) = try tokenConfig("not-stored")
         let files = try TestKeyFiles.make()
-        // SHA-256 of the DER SubjectPublicKeyInfo, as keys list shows it.
-        let spki = try #require(Data(base64Encoded: files.publicKeyPEM.split(separator: "\n").filter { !$0.hasPrefix("-----") }.joined()))
-        let fingerprint = SHA256.hash(Array(spki)).hexString
+        let fingerprint = try Self.fingerprint(files)
         var refusals = 0
         for size in stride(from: 400, through: 1000, by: 40) {
             let run = runProgram("/bin/sh", ["-c", "trap '' XFSZ; exec \"$@\"", "sh", "/usr/bin/prlimit", "--fsize=\(size)",
@@ -430,6 +428,48 @@ struct SignctlImportNotStoredTests {
         #expect(refusals > 0, "no file size limit from 400 to 1000 bytes made an import fail to store")
         let imported = runSignctl(["--config", config, "keys", "import", "--key-id", "NOTSTORED1", files.sec1])
         #expect(imported.status == 0 && imported.stdout.contains("imported NOTSTORED1"), "\(imported.stderr)")
+    }
+
+    /// SHA-256 of the DER SubjectPublicKeyInfo, as keys list shows it.
+    static func fingerprint(_ files: TestKeyFiles) throws -> String {
+        let spki = try #require(Data(base64Encoded: files.publicKeyPEM.split(separator: "\n").filter { !$0.hasPrefix("-----") }.joined()))
+        return SHA256.hash(Array(spki)).hexString
+    }
+
+    /// The old objects were removed once the new ones passed their
+    /// self-test in memory, before the read-back: a --replace that could
+    /// not be stored left the key ID with a private key cut short (500
+    /// key_invalid from signerd) or a public key only.
+    @Test("with writes failing (EFBIG), a --replace either stores the new key or keeps the old one whole, signing and with no leftovers")
+    func replaceNotStoredKeepsOldKey() throws {
+        let (_, config) = try tokenConfig("replace-not-stored")
+        let (old, new) = (try TestKeyFiles.make(), try TestKeyFiles.make())
+        let (oldPrint, newPrint) = (try Self.fingerprint(old), try Self.fingerprint(new))
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "REPLACE001", old.sec1]).status == 0)
+        var kept = 0
+        for size in stride(from: 400, through: 1000, by: 40) {
+            let run = runProgram("/bin/sh", ["-c", "trap '' XFSZ; exec \"$@\"", "sh", "/usr/bin/prlimit", "--fsize=\(size)",
+                                            Binaries.signctl, "--config", config, "keys", "import", "--replace", "--key-id", "REPLACE001", new.sec1])
+            let listed = runSignctl(["--config", config, "keys", "list", "--json"])
+            let entries = try #require(try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]], "\(listed.stderr)")
+            #expect(entries.count == 1 && entries.first?["private_key_object"] as? Bool == true, "limit \(size): \(entries)")
+            #expect(!listed.stderr.contains("incomplete"), "limit \(size): \(listed.stderr)")
+            let holds = entries.first?["fingerprint"] as? String
+            if run.status == 0 {
+                #expect(holds == newPrint, "limit \(size): signctl said \(run.stdout)")
+                #expect(runSignctl(["--config", config, "keys", "import", "--replace", "--key-id", "REPLACE001", old.sec1]).status == 0)
+                continue
+            }
+            if run.stderr.contains("key_not_stored") {
+                kept += 1
+                #expect(run.stderr.contains("the key REPLACE001 had before is kept"), "\(run.stderr)")
+            }
+            #expect(holds == oldPrint, "limit \(size): \(run.stderr)")
+            // It signs, read from storage by another process.
+            let signs = runSignctl(["--config", config, "bench", "--direct", "--concurrency", "1", "--requests", "3", "--key-id", "REPLACE001", "--verify"])
+            #expect(signs.status == 0, "limit \(size): \(signs.stdout) \(signs.stderr)")
+        }
+        #expect(kept > 0, "no file size limit from 400 to 1000 bytes made a --replace fail to store")
     }
 }
 
