@@ -55,6 +55,12 @@ func hint(for error: HSMError) -> String? {
 /// (`C_Initialize`, `C_GetSlotList`) that is the module and its own
 /// configuration, which for SoftHSM is the file `SOFTHSM2_CONF` names.
 func pkcs11FailureHint(function: String?) -> String {
+    // A write the token refused: for SoftHSM, a token directory this user
+    // may not write (CKR_FUNCTION_FAILED from C_DestroyObject).
+    let writes = Set([PKCS11Function.createObject, .destroyObject, .setPIN, .initPIN, .initToken].map(\.rawValue))
+    if let function, writes.contains(function) {
+        return "the token refused the write: for SoftHSM, the token's directory (under directories.tokendir of its softhsm2.conf) must be writable by the user signctl runs as (run signctl as its owner) and have free space; for an HSM, check the device and the module's own logs"
+    }
     let starting: Set<String?> = [PKCS11Function.initialize.rawValue, PKCS11Function.getSlotList.rawValue]
     guard starting.contains(function) else {
         return "the token or its module failed: check the device (or the network path to the HSM) and the module's own logs, then try again"

@@ -772,6 +772,35 @@ struct SignctlHintTests {
     static let unprivilegedCallerAvailable: Bool = getuid() != 0
         || (FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv") && runSignctlUnprivileged(["--help"]).status == 0)
 
+    /// A delete from a SoftHSM token directory its owner may not write got
+    /// CKR_FUNCTION_FAILED with "check the device (or the network path to
+    /// the HSM)".
+    @Test("a delete the token refuses for a read-only SoftHSM token directory is 69 with a hint naming the directory's permissions",
+          .enabled(if: getuid() == 0 && unprivilegedCallerAvailable, "needs root with setpriv(1), to make a token uid 65534 owns"))
+    func readOnlyTokenDirectory() throws {
+        let hsm = try FreeSoftHSM()
+        let pin = try hsm.initializeToken(label: "read-only")
+        let config = try hsm.config(label: "read-only", pinPath: pin)
+        let files = try TestKeyFiles.make()
+        chmod(files.directory, 0o755)
+        chmod(files.sec1, 0o644)
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "READONLY01", files.sec1], environment: hsm.environment).status == 0)
+        // The token and its files belong to uid 65534, which may read but not write its directory.
+        var path = hsm.directory
+        while path != "/" && path != "" {
+            chmod(path, 0o755)
+            path = (path as NSString).deletingLastPathComponent
+        }
+        _ = runProgram("/bin/chown", ["-R", "65534:65534", hsm.directory])
+        let tokenDirectory = try #require(try FileManager.default.contentsOfDirectory(atPath: hsm.directory + "/tokens").first)
+        chmod(hsm.directory + "/tokens/" + tokenDirectory, 0o500)
+        let refused = runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "--", "/usr/bin/env", "SOFTHSM2_CONF=\(hsm.directory)/softhsm2.conf",
+                                                      Binaries.signctl, "--config", config, "keys", "delete", "READONLY01", "--yes"])
+        #expect(refused.status == 69, "\(refused.stdout) \(refused.stderr)")
+        #expect(refused.stderr.contains("must be writable by the user signctl runs as"), "\(refused.stderr)")
+        #expect(!refused.stdout.contains("deleted"), "\(refused.stdout)")
+    }
+
     /// `signctl health` by a user outside the socket's group exited 69 with
     /// "Permission denied" and no word on what decides who may connect. Then
     /// it exited 69 (unavailable) where 77 means no permission, and for a
