@@ -34,6 +34,12 @@ package enum JSONText {
         do {
             value = try JSONSerialization.jsonObject(with: Data(escapingByteOrderMarks(body)), options: fragmentsAllowed ? .fragmentsAllowed : [])
         } catch {
+            // Foundation's parser says "Unexpected end of file during string
+            // parse" for a lone UTF-16 surrogate escape: name it instead.
+            if let lone = loneSurrogateEscape(in: body) {
+                throw .notJSON("the escape \(lone.escape) at byte \(lone.offset) is half of a UTF-16 surrogate pair and no character "
+                               + "(\\uD800–\\uDBFF must be followed by \\uDC00–\\uDFFF)")
+            }
             // The parser says where and why ("Too many nested arrays or dictionaries around character 513.").
             // It can quote the input (a 60,000-digit number whole): keep the reason short.
             throw .notJSON(((error as NSError).userInfo[NSDebugDescriptionErrorKey] as? String).map(Self.reason))
@@ -43,6 +49,49 @@ package enum JSONText {
             throw .notJSON("a comma directly before } or ] (a trailing comma)")
         }
         return (value, structure.memberNames, structure.fractionalNumbers)
+    }
+
+    /// The first `\uXXXX` escape inside a string of `body` that is half of
+    /// a UTF-16 surrogate pair with no other half (RFC 8259 §7): a high
+    /// surrogate (`D800`–`DBFF`) not followed at once by a low one
+    /// (`DC00`–`DFFF`), or a low one on its own. Read only after the parser
+    /// refused the body, to say why.
+    /// - Returns: the escape as sent and its byte offset, or nil.
+    package static func loneSurrogateEscape(in body: [UInt8]) -> (escape: String, offset: Int)? {
+        func unit(at index: Int) -> UInt16? {
+            guard index + 6 <= body.count, body[index] == UInt8(ascii: "\\"), body[index + 1] == UInt8(ascii: "u") else { return nil }
+            return UInt16(String(decoding: body[(index + 2)..<(index + 6)], as: UTF8.self), radix: 16)
+        }
+        var index = 0
+        var inString = false
+        while index < body.count {
+            let byte = body[index]
+            if !inString {
+                if byte == UInt8(ascii: "\"") { inString = true }
+                index += 1
+                continue
+            }
+            if byte == UInt8(ascii: "\"") {
+                inString = false
+                index += 1
+            } else if byte == UInt8(ascii: "\\") {
+                guard let code = unit(at: index) else {
+                    index += 2  // another escape: skip the character it escapes
+                    continue
+                }
+                if (0xD800...0xDBFF).contains(code), let next = unit(at: index + 6), (0xDC00...0xDFFF).contains(next) {
+                    index += 12
+                    continue
+                }
+                if (0xD800...0xDFFF).contains(code) {
+                    return (String(decoding: body[index..<(index + 6)], as: UTF8.self), index)
+                }
+                index += 6
+            } else {
+                index += 1
+            }
+        }
+        return nil
     }
 
     /// The parser's reason as a clause of signerd's sentence: shortened,
