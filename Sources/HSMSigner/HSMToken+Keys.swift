@@ -405,19 +405,39 @@ extension HSMToken {
             return error
         }
         do {
-            try reconnect(reinitialize: true)
-        } catch where error.code == .tokenNotFound {
-            throw notStored("the token itself is gone (\(error.message))", kept: "every key on it is lost until the copy of its token directory is restored")
+            try reconnect(reinitialize: true, quietLogin: true)
+        } catch {
+            if error.code == .tokenNotFound {
+                // token_not_found, whose hint is to restore the copy: freeing
+                // space and importing again cannot bring the token back.
+                var gone = notStored("the token itself is gone (\(error.message))", kept: "every key on it is lost until the copy of its token directory is restored")
+                gone.code = .tokenNotFound
+                throw gone
+            }
+            var unread = error
+            unread.message = "token \(label) accepted key \(keyID), but could not be read back from its storage (\(error.message)); "
+                + (result.replaced ? "the objects of the key it had before were not removed, so \(keyID) may name two keys until the same import with --replace runs again"
+                                   : "run signctl keys list to see whether \(keyID) is there whole; keep the .p8 file")
+            throw unread
         }
         forgetKey(keyID)
         let idBytes = Array(keyID.utf8)
+        // Objects named by the key ID as CKA_ID or as CKA_LABEL, as the
+        // import counted the ones it replaces (keyObjects(_:keyID:)).
+        func named(_ objectClass: UInt, _ session: UInt) throws(HSMError) -> [UInt] {
+            var handles: Set<UInt> = []
+            for naming in [Attribute(P11.id, idBytes), Attribute(P11.label, idBytes)] {
+                handles.formUnion(try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.keyType, ulong: P11.ecKeyType), naming]))
+            }
+            return handles.sorted()
+        }
         try withReadWriteSession { (session) throws(HSMError) in
             var storedPrivate: UInt?
             var storedPublic: UInt?
             var extraNew: [UInt] = []
             var broken: [UInt] = []
             var others: [UInt] = []
-            for handle in try find(session, [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.id, idBytes)]) {
+            for handle in try named(P11.privateKeyClass, session) {
                 guard let params = try readAttribute(session, handle, P11.ecParams, keyID: keyID), ECCurve(parametersDER: params) == .p256 else {
                     broken.append(handle)
                     continue
@@ -432,7 +452,7 @@ extension HSMToken {
                     others.append(handle)
                 }
             }
-            for handle in try find(session, [Attribute(P11.classAttribute, ulong: P11.publicKeyClass), Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.id, idBytes)]) {
+            for handle in try named(P11.publicKeyClass, session) {
                 let point = try readAttribute(session, handle, P11.ecPoint, keyID: keyID).flatMap { HSMToken.uncompressedPoint(fromECPoint: $0, curve: .p256) }
                 if point == nil {
                     broken.append(handle)

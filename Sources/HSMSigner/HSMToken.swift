@@ -671,10 +671,11 @@ public final class HSMToken: @unchecked Sendable {
     /// A refused new PIN costs one try on the token's counter, as the
     /// first login with it would.
     /// - Throws: ``HSMError/Code/pinNotStored`` when the token is gone or
-    ///   refuses the new PIN; ``HSMError`` from `C_Initialize` otherwise.
+    ///   refuses the new PIN; for any other failure of the read-back, that
+    ///   error, its message saying that `C_SetPIN` had returned `CKR_OK`.
     public func confirmPINStored() throws(HSMError) {
         do {
-            try reconnect(reinitialize: true)
+            try reconnect(reinitialize: true, quietLogin: true)
         } catch {
             let label = self.label
             let what: String
@@ -684,7 +685,10 @@ public final class HSMToken: @unchecked Sendable {
             case .pinRejected:
                 what = "it refuses the new PIN (\(error.returnValue?.name ?? "refused")): the change was not stored; keep the old PIN in the PIN files"
             default:
-                throw error
+                var unread = error
+                unread.message = "token \(label) accepted the new PIN (C_SetPIN returned CKR_OK), but could not be read back from its storage to check it (\(error.message)): "
+                    + "check that the new PIN logs in (signctl keys list with a configuration naming it) before you put it in the PIN files"
+                throw unread
             }
             var failure = HSMError(.pinNotStored, "token \(label) accepted the new PIN, yet read again from its storage \(what)")
             failure.tokenLabel = label
@@ -692,6 +696,19 @@ public final class HSMToken: @unchecked Sendable {
             failure.function = error.function
             throw failure
         }
+    }
+
+    /// Reads the token again from its storage (`C_Finalize`,
+    /// `C_Initialize`, the slot search, `C_Login`), to check that it is
+    /// still there: SoftHSM rewrites its token file in place at `C_Login`,
+    /// and a write cut short (a file size limit) leaves no token.
+    ///
+    /// Every session and login of this process on the module ends: call it
+    /// only where this is the one token open on the module (signctl).
+    /// - Throws: ``HSMError/Code/tokenNotFound`` when it is gone; ``HSMError``
+    ///   from the reinitialization or the login.
+    public func confirmTokenInStorage() throws(HSMError) {
+        try reconnect(reinitialize: true, quietLogin: true)
     }
 
     /// Opens a read-write session outside the pool for key management.
@@ -1031,8 +1048,10 @@ public final class HSMToken: @unchecked Sendable {
     /// New sessions, the token's slot found again and a new login; first
     /// `C_Finalize` + `C_Initialize` when `reinitialize`, which ends every
     /// session and login of this process on the module.
+    /// - Parameter quietLogin: a refused PIN is left to the caller to
+    ///   report (signctl's read-backs), not logged with a daemon's advice.
     /// - Throws: ``HSMError`` from `C_Initialize`, the slot search or the login.
-    func reconnect(reinitialize: Bool) throws(HSMError) {
+    func reconnect(reinitialize: Bool, quietLogin: Bool = false) throws(HSMError) {
         if reinitialize {
             let rv = loginLock.withLock { _ in functions.reinitializeModule() }
             guard rv == .ok || rv == .cryptokiAlreadyInitialized else {
@@ -1050,7 +1069,7 @@ public final class HSMToken: @unchecked Sendable {
             state.serial = info.serial
         }
         pool.reset(moduleReinitialized: false, slot: slot)
-        try login(afterGeneration: nil)
+        try login(afterGeneration: nil, opening: quietLogin)
     }
 
     private func rebuild(reinitialize: Bool) -> Result<Void, HSMError> {

@@ -36,14 +36,16 @@ public enum ProcessControl {
     }
 
     /// Raises the soft file size limit (`RLIMIT_FSIZE`, `ulimit -f`) to
-    /// the hard limit. SoftHSM rewrites its token file in place at every
-    /// `C_Login` and token write: a write past the limit ends the process
-    /// (`SIGXFSZ`) or fails (`EFBIG`), and leaves the file cut short, which
-    /// destroys the token. Call before the PKCS#11 module is loaded.
+    /// the hard limit, and ignores `SIGXFSZ`. SoftHSM rewrites its token
+    /// file in place at every `C_Login` and token write: a write past the
+    /// limit would end the process in the middle of a write (`SIGXFSZ`);
+    /// ignored, the write fails (`EFBIG`) and the read-backs report it.
+    /// Call before the PKCS#11 module is loaded.
     /// - Returns: the limit in effect afterwards in bytes, or nil when
     ///   there is none (`RLIM_INFINITY`, the usual case).
     @discardableResult
     public static func raiseFileSizeLimit() -> UInt64? {
+        signal(SIGXFSZ, SIG_IGN)
         var limit = rlimit()
         guard getrlimit(Int32(RLIMIT_FSIZE.rawValue), &limit) == 0 else { return nil }
         if limit.rlim_cur != limit.rlim_max {

@@ -130,6 +130,26 @@ func refuseRootOnOthersSoftHSMTokens(configPath: String) throws {
     }
 }
 
+/// `token`, checked to be still in storage when a file size limit is in
+/// force that signctl could not lift: the login that opened it may then have
+/// cut SoftHSM's token file short, and no command may report success on a
+/// token that is gone.
+/// - Throws: ``HSMError`` `token_not_found` saying so (the token is closed).
+func stillInStorage(_ token: HSMToken) throws -> HSMToken {
+    guard let bytes = ProcessControl.raiseFileSizeLimit() else { return token }
+    do throws(HSMError) {
+        try token.confirmTokenInStorage()
+    } catch {
+        guard error.code == .tokenNotFound else { throw error }
+        token.close()
+        var gone = error
+        let limit = String(bytes)
+        gone.message = "token \(token.label) was found and logged in to, and is gone once read again from its storage: SoftHSM's token file was cut short as it was rewritten at that login (the file size limit is \(limit) bytes); restore the copy of its token directory, and run with no file size limit"
+        throw gone
+    }
+    return token
+}
+
 /// Opens the token `config.tokenURI` names, with termination signals held
 /// while it logs in (SoftHSM rewrites its token file at `C_Login`); a PIN
 /// file signctl cannot read fails with a hint that names the configuration
@@ -141,7 +161,8 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
     let uri = try PKCS11URI(config.tokenURI)
     do {
         // SoftHSM rewrites its token file at C_Login as well.
-        return try ProcessControl.holdingTerminationSignals { try HSMToken(uri: uri, options: options) }
+        let token = try ProcessControl.holdingTerminationSignals { try HSMToken(uri: uri, options: options) }
+        return try ProcessControl.holdingTerminationSignals { try stillInStorage(token) }
     } catch let error as HSMError where error.code == .pinSourceUnreadable {
         throw CommandFailure(exitCode(for: error), error.description, hint: pinSourceHint(uri.pinSource, configPath: configPath))
     } catch let error as HSMError where error.code == .pinRejected {

@@ -232,7 +232,10 @@ func holdsSignalsThroughout(_ words: [String]) -> Bool {
 }
 
 let words = Array(CommandLine.arguments.dropFirst())
-if holdsSignalsThroughout(words), let bytes = ProcessControl.raiseFileSizeLimit() {
+// Lifted for every command (bench --direct logs in too); said where the token is opened.
+let fileSizeLimit = ProcessControl.raiseFileSizeLimit()
+let opensToken = holdsSignalsThroughout(words) || words.contains("--direct")
+if let bytes = fileSizeLimit, opensToken {
     FileHandle.standardError.write(Data("warning: file_size_limit: \(ProcessControl.fileSizeLimitWarning(bytes))\n".utf8))
 }
 let status = holdsSignalsThroughout(words)

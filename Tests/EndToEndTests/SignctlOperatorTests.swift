@@ -337,33 +337,52 @@ struct SignctlIncompleteObjectTests {
     /// A process ended inside C_CreateObject (a second Ctrl-C, SIGKILL)
     /// left SoftHSM objects with no CKA_ID, CKA_LABEL or CKA_EC_PARAMS:
     /// `keys list` showed a private one as a row with no key ID and curve
-    /// "?", and nothing in signctl could remove them. A file size limit
-    /// (RLIMIT_FSIZE) ends signctl with SIGXFSZ at the write that crosses
-    /// it: the same real SoftHSM state, without a race.
+    /// "?", and nothing in signctl could remove them. A child process (an
+    /// exit test) imports through HSMToken, as signctl does, under a hard
+    /// file size limit with SIGXFSZ at its default action: it is ended at
+    /// the write that crosses the limit, the same real SoftHSM state
+    /// without a race. (signctl itself ignores SIGXFSZ, so that a write
+    /// past a limit fails and is reported instead.)
     @Test("an import ended mid-write by SIGXFSZ leaves incomplete objects: keys list counts them on stderr, delete --incomplete --yes removes only them")
-    func incompleteObjects() throws {
+    func incompleteObjects() async throws {
         let (token, config) = try tokenConfig("incomplete")
         let files = try TestKeyFiles.make()
         // A complete key that must survive the clean-up.
         #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "KEEPME0001", files.sec1]).status == 0)
         let hsm = try inProcessToken(token)
         defer { hsm.close() }
-        // Limits from below the size of SoftHSM's object files up: one of
-        // them cuts signctl off between an object's first write and its
-        // attributes (500 bytes with SoftHSM 2.6.1).
+        // Limits between SoftHSM's token file (320 bytes, rewritten at the
+        // login) and its object files (600 to 800 bytes): each import dies
+        // writing an object, and one of them between an object's first
+        // write and its attributes (500 bytes with SoftHSM 2.6.1).
+        setenv("SIGNERD_TEST_CUT_URI", token.uri, 1)
+        setenv("SIGNERD_TEST_CUT_KEY", files.sec1, 1)
         var limit: Int?
-        for size in stride(from: 400, through: 900, by: 20) {
-            // SIGXFSZ's default action back (the test runner ignores it, and
-            // exec keeps an ignored signal ignored: writes would just fail).
-            let ended = runProgram("/usr/bin/env", ["--default-signal=SIGXFSZ", "/usr/bin/prlimit", "--fsize=\(size)", Binaries.signctl, "--config", config, "keys", "import", "--key-id", "CUTOFF0001", "--allow-duplicate-key", files.sec1])
+        for size in stride(from: 400, through: 760, by: 20) {
+            setenv("SIGNERD_TEST_CUT_SIZE", String(size), 1)
+            await #expect(processExitsWith: .signal(SIGXFSZ)) {
+                let environment = ProcessInfo.processInfo.environment
+                let bytes = rlim_t(environment["SIGNERD_TEST_CUT_SIZE"] ?? "") ?? 0
+                var cap = rlimit(rlim_cur: bytes, rlim_max: bytes)
+                setrlimit(Int32(RLIMIT_FSIZE.rawValue), &cap)
+                // Default action, and not blocked (the child inherits the runner's mask).
+                signal(SIGXFSZ, SIG_DFL)
+                var unblock = sigset_t()
+                sigemptyset(&unblock)
+                sigaddset(&unblock, SIGXFSZ)
+                pthread_sigmask(SIG_UNBLOCK, &unblock, nil)
+                var options = TokenOptions()
+                options.logger = .disabled
+                let child = try HSMToken(uri: PKCS11URI(environment["SIGNERD_TEST_CUT_URI"] ?? ""), options: options)
+                _ = try child.importKey(ECPrivateKeyMaterial(contentsOf: environment["SIGNERD_TEST_CUT_KEY"] ?? ""), keyID: "CUTOFF0001", replace: false, allowDuplicateKey: true)
+            }
             if try hsm.incompleteKeyObjectCount() > 0 {
-                #expect(ended.status != 0, "the import ended early")
                 limit = size
                 break
             }
             _ = runSignctl(["--config", config, "keys", "delete", "CUTOFF0001", "--yes"])
         }
-        let found = try #require(limit, "no file size limit from 400 to 900 bytes left an incomplete key object")
+        let found = try #require(limit, "no file size limit from 400 to 760 bytes left an incomplete key object")
         let count = try hsm.incompleteKeyObjectCount()
         let list = runSignctl(["--config", config, "keys", "list"])
         #expect(list.status == 0, "\(list.stderr)")
