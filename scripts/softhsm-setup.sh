@@ -79,6 +79,16 @@ for token_dir in "$dir"/tokens/*/; do
     exit 65
   fi
 done
+# One cut short but not empty: SoftHSM reads fewer tokens than there are
+# directories.
+token_dirs=$(find "$dir/tokens" -mindepth 1 -maxdepth 1 -type d | wc -l)
+if [ "$token_dirs" -gt 0 ] && command -v softhsm2-util >/dev/null 2>&1; then
+  readable=$(SOFTHSM2_CONF=$conf softhsm2-util --show-slots 2>/dev/null | grep -c 'Initialized: *yes' || true)
+  if [ "$readable" -lt "$token_dirs" ]; then
+    echo "error: $dir/tokens holds $token_dirs token directories, but SoftHSM reads only $readable tokens there: a token.object was cut short while written (a process ended mid-write, a full disk, a file size limit); restore the token directories from your copy, or move the damaged one away to start afresh (its keys are lost)" >&2
+    exit 65
+  fi
+fi
 
 SOFTHSM2_CONF=$conf "$signctl" token init --label "$label" --module "$module" \
   --pin-file "$dir/pin" --so-pin-file "$dir/so-pin" >&2

@@ -349,6 +349,17 @@ func keysList(_ words: [String], configPath: String) throws -> ExitCode {
     defer { token.close() }
     let keys = try token.listKeys()
     let publicOnly = try token.publicKeyOnlyIDs()
+    // What signerd would find wrong with a key (two private keys or two
+    // public keys under its key ID after a replacement that stopped
+    // half-way), in signerd's words, with its advice.
+    for keyID in Set(keys.map(\.keyID)).sorted() where !keyID.isEmpty {
+        do throws(HSMError) {
+            _ = try token.publicKey(keyID: keyID)
+        } catch {
+            guard error.code == .keyInvalid else { continue }
+            FileHandle.standardError.write(Data("warning: key_invalid: \(error.message)\n".utf8))
+        }
+    }
     let incomplete = try token.incompleteKeyObjectCount()
     if incomplete > 0 {
         // On stderr, so that --json stays a list of keys.

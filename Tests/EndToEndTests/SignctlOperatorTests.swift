@@ -332,6 +332,31 @@ struct SignctlPublicKeyOnlyTests {
     }
 }
 
+@Suite("signctl keys list: a replacement that stopped half-way")
+struct SignctlHalfReplacedTests {
+    /// The old and the new objects both under one key ID: signerd answered
+    /// 500 key_invalid and said why, while keys list showed the key with
+    /// "PUBLIC no" and no word on it.
+    @Test("keys list warns key_invalid in signerd's words with the --replace advice; import --replace clears it")
+    func halfReplaced() throws {
+        let (token, config) = try tokenConfig("half-replaced")
+        let (old, new) = (try TestKeyFiles.make(), try TestKeyFiles.make())
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "HALFREPL01", old.sec1]).status == 0)
+        // The new key's objects written beside the old ones, as a --replace stopped before it removed them.
+        let hsm = try inProcessToken(token)
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: new.sec1), keyID: "HALFREPL01", replace: true, extractable: false, removingOld: false)
+        hsm.close()
+        let listed = runSignctl(["--config", config, "keys", "list"])
+        #expect(listed.status == 0, "\(listed.stderr)")
+        #expect(listed.stderr.contains("warning: key_invalid: 2 private keys carry key ID HALFREPL01"), "\(listed.stderr)")
+        #expect(listed.stderr.contains("signctl keys import --replace"), "\(listed.stderr)")
+        #expect(runSignctl(["--config", config, "keys", "import", "--replace", "--key-id", "HALFREPL01", new.sec1]).status == 0)
+        let after = runSignctl(["--config", config, "keys", "list"])
+        #expect(!after.stderr.contains("key_invalid"), "\(after.stderr)")
+        #expect(after.stdout.contains("HALFREPL01  P-256  yes"), "\(after.stdout)")
+    }
+}
+
 @Suite("signctl keys: key objects a write left incomplete")
 struct SignctlIncompleteObjectTests {
     /// A process ended inside C_CreateObject (a second Ctrl-C, SIGKILL)
