@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <time.h>
 #include <unistd.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -72,12 +73,28 @@ static void set_default(int number) {
     sigaction(number, &fallback, NULL);
 }
 
-// Async-signal-safe: only write(2), sigaction(2) and raise(3).
+// When the first held signal came (CLOCK_MONOTONIC).
+static struct timespec first_held_at;
+
+// Async-signal-safe: only clock_gettime(2), write(2), sigaction(2) and raise(3).
 static void hold_signal(int number) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
     if (held_signal == 0) {
         held_signal = number;
-        static const char note[] = "writing to the token: stopping once the write is done (signal again to stop at once, which can leave a SoftHSM token unusable)\n";
+        first_held_at = now;
+        static const char note[] = "writing to the token: stopping once the write is done (signal again, 3 s or more from now, to stop at once, which can leave a SoftHSM token unusable)\n";
         ssize_t ignored = write(STDERR_FILENO, note, sizeof(note) - 1);
+        (void)ignored;
+        return;
+    }
+    // A second signal soon after the first is a double Ctrl-C, not an
+    // operator giving up on a call that hangs: one that ended signctl then
+    // emptied SoftHSM's token file in 6 of 30 PIN changes.
+    long elapsed_ms = (long)(now.tv_sec - first_held_at.tv_sec) * 1000 + (now.tv_nsec - first_held_at.tv_nsec) / 1000000;
+    if (elapsed_ms < 3000) {
+        static const char wait[] = "still writing to the token: a second signal stops signctl at once only 3 s or more after the first\n";
+        ssize_t ignored = write(STDERR_FILENO, wait, sizeof(wait) - 1);
         (void)ignored;
         return;
     }
