@@ -114,12 +114,7 @@ func openTokenForWriting(configPath: String) throws -> HSMToken {
 func refuseRootOnOthersSoftHSMTokens(configPath: String) throws {
     guard geteuid() == 0 else { return }
     let uri = try PKCS11URI(try loadConfiguration(configPath).tokenURI)
-    guard let module = uri.modulePath ?? uri.moduleName, module.lowercased().contains("softhsm") else { return }
-    let conf = ProcessInfo.processInfo.environment["SOFTHSM2_CONF"] ?? "/etc/softhsm/softhsm2.conf"
-    guard let text = try? String(contentsOfFile: conf, encoding: .utf8),
-          let line = text.split(whereSeparator: \.isNewline).first(where: { $0.trimmingCharacters(in: .whitespaces).hasPrefix("directories.tokendir") }),
-          let equals = line.firstIndex(of: "=") else { return }
-    let tokenDirectory = line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+    guard let tokenDirectory = SoftHSMFiles.tokenDirectory(module: uri.modulePath ?? uri.moduleName) else { return }
     let entries = (try? FileManager.default.contentsOfDirectory(atPath: tokenDirectory)) ?? []
     for path in [tokenDirectory] + entries.map({ tokenDirectory + "/" + $0 }) {
         var info = stat()
@@ -159,6 +154,9 @@ func stillInStorage(_ token: HSMToken) throws -> HSMToken {
 ///   of ``HSMToken/init(uri:options:)``.
 func openToken(_ config: SignerConfiguration, configPath: String, options: TokenOptions) throws -> HSMToken {
     let uri = try PKCS11URI(config.tokenURI)
+    if let limit = ProcessControl.raiseFileSizeLimit(), let problem = SoftHSMFiles.loginWouldCut(limit: limit, module: uri.modulePath ?? uri.moduleName) {
+        throw CommandFailure(.config, "file_size_limit: \(problem)", hint: "ulimit -f unlimited (in the shell signctl runs from), or remove LimitFSIZE= from the unit")
+    }
     do {
         // SoftHSM rewrites its token file at C_Login as well.
         let token = try ProcessControl.holdingTerminationSignals { try HSMToken(uri: uri, options: options) }

@@ -180,6 +180,9 @@ func runDaemon() -> Never {
     for advisory in configuration.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
     ProcessControl.raiseOpenFileLimit(to: 2 * (configuration.maxConnections + HTTPServerOptions().reservedConnections) + 64)
     if let bytes = ProcessControl.raiseFileSizeLimit() {
+        if let uri = try? PKCS11URI(configuration.tokenURI), let problem = SoftHSMFiles.loginWouldCut(limit: bytes, module: uri.modulePath ?? uri.moduleName) {
+            fail(.config, "file_size_limit", logger: logger, ["bytes": .int(Int64(clamping: bytes)), "error": .string(problem)])
+        }
         logger.warning("file_size_limit", ["bytes": .int(Int64(clamping: bytes)), "hint": .string(ProcessControl.fileSizeLimitWarning(bytes))])
     }
 

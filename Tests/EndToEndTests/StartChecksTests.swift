@@ -306,3 +306,23 @@ struct ConfigurationNotAFileTests {
         }
     }
 }
+
+@Suite("signerd under a file size limit")
+struct FileSizeLimitStartTests {
+    /// signerd's first C_Login rewrote SoftHSM's token file under the
+    /// limit, cut it short, and went on signing from memory with the token
+    /// on disk already gone.
+    @Test("a hard file size limit smaller than the token file: signerd exits 78 with file_size_limit before it logs in, and the token survives")
+    func refusesToStart() throws {
+        let daemon = try DaemonHarness()
+        // timeout(1): without the check signerd would start and keep running.
+        let run = runProgram("/usr/bin/timeout", ["20", "/usr/bin/prlimit", "--fsize=100", Binaries.signerd, "--config", daemon.configPath],
+                             environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(run.status == 78, "\(run.stdout) \(run.stderr)")
+        #expect((run.stdout + run.stderr).contains("\"file_size_limit\""), "\(run.stdout) \(run.stderr)")
+        try daemon.start()
+        defer { daemon.stop() }
+        #expect(try daemon.client().send("GET", "/readyz").status == 200, "the token survived")
+    }
+}
+

@@ -49,11 +49,10 @@ struct TokenPINChangeTests {
         #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey), "signerd logs in with the new PIN and signs")
     }
 
-    /// SoftHSM answers C_SetPIN with CKR_OK when it cannot write its token
-    /// file, and the file it leaves cut short holds no token: signctl said
-    /// "changed the user PIN", and the next step it gave (the new PIN into
-    /// every PIN file, restart signerd) met a token that was gone.
-    @Test("under a file size limit that cuts the token file at the login, change-pin stops at once (69, the token is gone), never 'changed'")
+    /// Under a small file size limit the login itself cut SoftHSM's token
+    /// file short, C_SetPIN answered CKR_OK, and signctl said "changed the
+    /// user PIN" about a token that was gone.
+    @Test("under a file size limit smaller than the token file, change-pin refuses before it logs in (78), and the token survives")
     func notStored() throws {
         let hsm = try FreeSoftHSM()
         let pin = try hsm.initializeToken(label: "pin-not-stored")
@@ -62,10 +61,11 @@ struct TokenPINChangeTests {
         // SIGXFSZ ignored: writes past 100 bytes fail with EFBIG, as on a full disk.
         let run = runProgram("/bin/sh", ["-c", "trap '' XFSZ; exec \"$@\"", "sh", "/usr/bin/prlimit", "--fsize=100",
                                          Binaries.signctl, "--config", config, "token", "change-pin", "--new-pin-file", newFile], environment: hsm.environment)
-        // The login rewrites SoftHSM's token file first: cut at 100 bytes, the
-        // token is gone before C_SetPIN, and signctl says so right after it.
-        #expect(run.status == 69, "\(run.stdout) \(run.stderr)")
-        #expect(run.stderr.contains("token_not_found") && run.stderr.contains("is gone once read again from its storage") && run.stderr.contains("the file size limit is 100 bytes"), "\(run.stderr)")
+        // The login rewrites SoftHSM's token file (320 bytes) first: cut at
+        // 100 bytes it would be gone before C_SetPIN. signctl looks first.
+        #expect(run.status == 78, "\(run.stdout) \(run.stderr)")
+        #expect(run.stderr.contains("file_size_limit: the file size limit (ulimit -f, LimitFSIZE=) is 100 bytes, smaller than SoftHSM's token file"), "\(run.stderr)")
+        #expect(runSignctl(["--config", config, "keys", "list"], environment: hsm.environment).status == 0, "the token survives, the old PIN logs in")
         #expect(!run.stdout.contains("changed the user PIN"), "\(run.stdout)")
         #expect(!run.stdout.contains("0123456789abcdef") && !run.stderr.contains("0123456789abcdef"), "no PIN in the output")
     }
