@@ -80,10 +80,18 @@ for token_dir in "$dir"/tokens/*/; do
   fi
 done
 # One cut short but not empty: SoftHSM reads fewer tokens than there are
-# directories.
-token_dirs=$(find "$dir/tokens" -mindepth 1 -maxdepth 1 -type d | wc -l)
+# directories (counted as above: hidden ones are not tokens).
+token_dirs=0
+for token_dir in "$dir"/tokens/*/; do
+  if [ -d "$token_dir" ]; then token_dirs=$((token_dirs + 1)); fi
+done
+slots=""
 if [ "$token_dirs" -gt 0 ] && command -v softhsm2-util >/dev/null 2>&1; then
-  readable=$(SOFTHSM2_CONF=$conf softhsm2-util --show-slots 2>/dev/null | grep -c 'Initialized: *yes' || true)
+  slots=$(SOFTHSM2_CONF=$conf softhsm2-util --module "$module" --show-slots 2>/dev/null) \
+    || echo "warning: softhsm2-util --show-slots failed; the token directories in $dir/tokens were not checked" >&2
+fi
+if [ -n "$slots" ]; then
+  readable=$(printf '%s\n' "$slots" | grep -c 'Initialized: *yes' || true)
   if [ "$readable" -lt "$token_dirs" ]; then
     echo "error: $dir/tokens holds $token_dirs token directories, but SoftHSM reads only $readable tokens there: a token.object was cut short while written (a process ended mid-write, a full disk, a file size limit); restore the token directories from your copy, or move the damaged one away to start afresh (its keys are lost)" >&2
     exit 65

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
 #include <stdarg.h>
@@ -78,14 +79,19 @@ static struct timespec first_held_at;
 
 // Async-signal-safe: only clock_gettime(2), write(2), sigaction(2) and raise(3).
 static void hold_signal(int number) {
+    int saved_errno = errno;  // the interrupted code may be reading errno
     struct timespec now;
     clock_gettime(CLOCK_MONOTONIC, &now);
     if (held_signal == 0) {
-        held_signal = number;
+        // The time first: a signal handled on another thread that sees
+        // held_signal set must see the time too.
         first_held_at = now;
+        atomic_signal_fence(memory_order_seq_cst);
+        held_signal = number;
         static const char note[] = "writing to the token: stopping once the write is done (signal again, 3 s or more from now, to stop at once, which can leave a SoftHSM token unusable)\n";
         ssize_t ignored = write(STDERR_FILENO, note, sizeof(note) - 1);
         (void)ignored;
+        errno = saved_errno;
         return;
     }
     // A second signal soon after the first is a double Ctrl-C, not an
@@ -96,6 +102,7 @@ static void hold_signal(int number) {
         static const char wait[] = "still writing to the token: a second signal stops signctl at once only 3 s or more after the first\n";
         ssize_t ignored = write(STDERR_FILENO, wait, sizeof(wait) - 1);
         (void)ignored;
+        errno = saved_errno;
         return;
     }
     static const char stopped[] = "stopped in the middle of a token write: check the token with signctl keys list (it counts key objects left incomplete)\n";

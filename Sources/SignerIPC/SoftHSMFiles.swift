@@ -6,9 +6,10 @@ import Glibc
 
 /// Where SoftHSM keeps its tokens, for the checks signctl and signerd make
 /// on SoftHSM's files before they load the module: its token directory is
-/// `directories.tokendir` of the file `SOFTHSM2_CONF` names (default
-/// /etc/softhsm/softhsm2.conf), with one directory per token holding
-/// `token.object` and one file per object.
+/// `directories.tokendir` (default /var/lib/softhsm/tokens) of the file
+/// `SOFTHSM2_CONF` names, else of ~/.config/softhsm2/softhsm2.conf when it
+/// exists, else of /etc/softhsm/softhsm2.conf (SoftHSM 2.6's order), with
+/// one directory per token holding `token.object` and one file per object.
 public enum SoftHSMFiles {
     /// SoftHSM's token directory for a module, or nil when the module is
     /// not SoftHSM (its file name says so) or the configuration does not
@@ -16,10 +17,17 @@ public enum SoftHSMFiles {
     /// - Parameter module: `module-path` or `module-name` of the token URI.
     public static func tokenDirectory(module: String?) -> String? {
         guard let module, module.lowercased().contains("softhsm") else { return nil }
-        let conf = ProcessInfo.processInfo.environment["SOFTHSM2_CONF"] ?? "/etc/softhsm/softhsm2.conf"
-        guard let text = try? String(contentsOfFile: conf, encoding: .utf8),
-              let line = text.split(whereSeparator: \.isNewline).first(where: { $0.trimmingCharacters(in: .whitespaces).hasPrefix("directories.tokendir") }),
-              let equals = line.firstIndex(of: "=") else { return nil }
+        // SoftHSM's own order: SOFTHSM2_CONF, then the user's file, then the system's.
+        let environment = ProcessInfo.processInfo.environment
+        let userConf = environment["HOME"].map { $0 + "/.config/softhsm2/softhsm2.conf" }
+        let conf = environment["SOFTHSM2_CONF"]
+            ?? userConf.flatMap { FileManager.default.fileExists(atPath: $0) ? $0 : nil }
+            ?? "/etc/softhsm/softhsm2.conf"
+        guard let text = try? String(contentsOfFile: conf, encoding: .utf8) else { return nil }
+        guard let line = text.split(whereSeparator: \.isNewline).first(where: { $0.trimmingCharacters(in: .whitespaces).hasPrefix("directories.tokendir") }),
+              let equals = line.firstIndex(of: "=") else {
+            return "/var/lib/softhsm/tokens"  // SoftHSM's default
+        }
         return line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
     }
 
