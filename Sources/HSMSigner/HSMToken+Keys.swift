@@ -177,11 +177,15 @@ extension HSMToken {
                 Attribute(P11.keyType, ulong: P11.ecKeyType),
             ])
             var keys: [TokenKeyInfo] = []
-            for handle in handles where try !isIncomplete(session, handle) {
+            for handle in handles {
                 let id = try readAttribute(session, handle, P11.id, keyID: nil) ?? []
                 let keyID = HSMToken.printable(id)
-                let label = HSMToken.printable(try readAttribute(session, handle, P11.label, keyID: keyID) ?? [])
-                let curve = (try readAttribute(session, handle, P11.ecParams, keyID: keyID)).flatMap { ECCurve(parametersDER: $0) }
+                let labelBytes = try readAttribute(session, handle, P11.label, keyID: keyID) ?? []
+                let params = try readAttribute(session, handle, P11.ecParams, keyID: keyID) ?? []
+                // Incomplete (isIncomplete(_:_:)): counted apart, not listed.
+                if id.isEmpty && labelBytes.isEmpty && params.isEmpty { continue }
+                let label = HSMToken.printable(labelBytes)
+                let curve = ECCurve(parametersDER: params)
                 let publicKey = curve == nil ? nil : try? readPublicKey(keyID, session: session, curve: curve!)  // checked non-nil
                 keys.append(TokenKeyInfo(
                     keyID: keyID, label: label, curve: curve, publicKey: publicKey ?? nil,
@@ -348,7 +352,7 @@ extension HSMToken {
                 }
             }
             if removingOld {
-                try destroy(old, session: session, keyID: keyID)
+                try destroy(old, session: session, keyID: keyID, message: "imported the new key but cannot remove the old objects")
             }
             forgetKey(keyID)
             options.logger.notice("key_imported", ["key.id": .string(keyID), "token.label": .string(label), "replaced": .bool(!old.isEmpty)])
@@ -358,12 +362,13 @@ extension HSMToken {
         }
     }
 
-    /// Removes `old` with `C_DestroyObject`, stopping at the first failure.
-    private func destroy(_ old: [UInt], session: UInt, keyID: String) throws(HSMError) {
-        for handle in old {
+    /// Removes `objects` with `C_DestroyObject`, stopping at the first
+    /// failure, which is thrown with `message`.
+    private func destroy(_ objects: [UInt], session: UInt, keyID: String?, message: String) throws(HSMError) {
+        for handle in objects {
             let rv = functions.destroyObject(session, object: handle)
             guard rv == .ok else {
-                throw HSMError(pkcs11: .destroyObject, rv, message: "imported the new key but cannot remove the old objects", tokenLabel: label, keyID: keyID)
+                throw HSMError(pkcs11: .destroyObject, rv, message: message, tokenLabel: label, keyID: keyID)
             }
         }
     }
@@ -421,15 +426,10 @@ extension HSMToken {
             throw unread
         }
         forgetKey(keyID)
-        let idBytes = Array(keyID.utf8)
         // Objects named by the key ID as CKA_ID or as CKA_LABEL, as the
         // import counted the ones it replaces (keyObjects(_:keyID:)).
         func named(_ objectClass: UInt, _ session: UInt) throws(HSMError) -> [UInt] {
-            var handles: Set<UInt> = []
-            for naming in [Attribute(P11.id, idBytes), Attribute(P11.label, idBytes)] {
-                handles.formUnion(try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.keyType, ulong: P11.ecKeyType), naming]))
-            }
-            return handles.sorted()
+            try objects(named: keyID, session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.keyType, ulong: P11.ecKeyType)])
         }
         try withReadWriteSession { (session) throws(HSMError) in
             var storedPrivate: UInt?
@@ -463,7 +463,7 @@ extension HSMToken {
                 }
             }
             if storedPrivate != nil, storedPublic != nil {
-                try destroy(others + extraNew + broken, session: session, keyID: keyID)
+                try destroy(others + extraNew + broken, session: session, keyID: keyID, message: "imported the new key but cannot remove the old objects")
                 return
             }
             // Not stored: take back what the import left, so that the older
@@ -506,15 +506,10 @@ extension HSMToken {
     ///
     /// The corresponding PKCS#11 functions are `C_FindObjects` and `C_GetAttributeValue` (`CKA_KEY_TYPE`).
     func keyObjects(_ session: UInt, keyID: String) throws(HSMError) -> (ec: [UInt], other: [String]) {
-        let idBytes = Array(keyID.utf8)
         var ec: Set<UInt> = []
         var other: [String] = []
         for (objectClass, kind) in [(P11.privateKeyClass, "private"), (P11.publicKeyClass, "public")] {
-            var handles: Set<UInt> = []
-            for naming in [Attribute(P11.id, idBytes), Attribute(P11.label, idBytes)] {
-                handles.formUnion(try find(session, [Attribute(P11.classAttribute, ulong: objectClass), naming]))
-            }
-            for handle in handles.sorted() {
+            for handle in try objects(named: keyID, session, [Attribute(P11.classAttribute, ulong: objectClass)]) {
                 let bytes = try readAttribute(session, handle, P11.keyType, keyID: keyID)
                 let type = bytes.flatMap { $0.count == MemoryLayout<UInt>.size ? $0.withUnsafeBytes { $0.loadUnaligned(as: UInt.self) } : nil }
                 if type == P11.ecKeyType {
@@ -525,6 +520,18 @@ extension HSMToken {
             }
         }
         return (ec.sorted(), other)
+    }
+
+    /// The objects matching `template` that carry `keyID` as `CKA_ID` or
+    /// as `CKA_LABEL`: what an import replaces and a delete removes.
+    /// - Returns: the handles, sorted, each once.
+    func objects(named keyID: String, _ session: UInt, _ template: [Attribute]) throws(HSMError) -> [UInt] {
+        let idBytes = Array(keyID.utf8)
+        var handles: Set<UInt> = []
+        for naming in [Attribute(P11.id, idBytes), Attribute(P11.label, idBytes)] {
+            handles.formUnion(try find(session, template + [naming]))
+        }
+        return handles.sorted()
     }
 
     /// Removes the EC private and public key objects with `keyID` as
@@ -543,12 +550,7 @@ extension HSMToken {
                 error.keyID = keyID
                 throw error
             }
-            for handle in objects {
-                let rv = functions.destroyObject(session, object: handle)
-                guard rv == .ok else {
-                    throw HSMError(pkcs11: .destroyObject, rv, message: "cannot delete key \(keyID)", tokenLabel: label, keyID: keyID)
-                }
-            }
+            try destroy(objects, session: session, keyID: keyID, message: "cannot delete key \(keyID)")
             return objects.count
         }
         forgetKey(keyID)
@@ -629,12 +631,7 @@ extension HSMToken {
     public func deleteIncompleteKeyObjects() throws(HSMError) -> Int {
         let count = try withReadWriteSession { (session) throws(HSMError) -> Int in
             let objects = try incompleteKeyObjects(session)
-            for handle in objects {
-                let rv = functions.destroyObject(session, object: handle)
-                guard rv == .ok else {
-                    throw HSMError(pkcs11: .destroyObject, rv, message: "cannot delete an incomplete key object", tokenLabel: label)
-                }
-            }
+            try destroy(objects, session: session, keyID: nil, message: "cannot delete an incomplete key object")
             return objects.count
         }
         if count > 0 {

@@ -125,13 +125,13 @@ func refuseRootOnOthersSoftHSMTokens(configPath: String) throws {
     }
 }
 
-/// `token`, checked to be still in storage when a file size limit is in
-/// force that signctl could not lift: the login that opened it may then have
+/// `token`, checked to be still in storage when a file size limit
+/// (`fileSizeLimit`, bytes) is in force that signctl could not lift: the login that opened it may then have
 /// cut SoftHSM's token file short, and no command may report success on a
 /// token that is gone.
 /// - Throws: ``HSMError`` `token_not_found` saying so (the token is closed).
-func stillInStorage(_ token: HSMToken) throws -> HSMToken {
-    guard let bytes = ProcessControl.raiseFileSizeLimit() else { return token }
+func stillInStorage(_ token: HSMToken, fileSizeLimit: UInt64?) throws -> HSMToken {
+    guard let bytes = fileSizeLimit else { return token }
     do throws(HSMError) {
         try token.confirmTokenInStorage()
     } catch {
@@ -154,13 +154,14 @@ func stillInStorage(_ token: HSMToken) throws -> HSMToken {
 ///   of ``HSMToken/init(uri:options:)``.
 func openToken(_ config: SignerConfiguration, configPath: String, options: TokenOptions) throws -> HSMToken {
     let uri = try PKCS11URI(config.tokenURI)
-    if let limit = ProcessControl.raiseFileSizeLimit(), let problem = SoftHSMFiles.loginWouldCut(limit: limit, module: uri.modulePath ?? uri.moduleName) {
+    let fileSizeLimit = ProcessControl.raiseFileSizeLimit()
+    if let limit = fileSizeLimit, let problem = SoftHSMFiles.loginWouldCut(limit: limit, module: uri.modulePath ?? uri.moduleName) {
         throw CommandFailure(.config, "file_size_limit: \(problem)", hint: "ulimit -f unlimited (in the shell signctl runs from), or remove LimitFSIZE= from the unit")
     }
     do {
         // SoftHSM rewrites its token file at C_Login as well.
         let token = try ProcessControl.holdingTerminationSignals { try HSMToken(uri: uri, options: options) }
-        return try ProcessControl.holdingTerminationSignals { try stillInStorage(token) }
+        return try ProcessControl.holdingTerminationSignals { try stillInStorage(token, fileSizeLimit: fileSizeLimit) }
     } catch let error as HSMError where error.code == .pinSourceUnreadable {
         throw CommandFailure(exitCode(for: error), error.description, hint: pinSourceHint(uri.pinSource, configPath: configPath))
     } catch let error as HSMError where error.code == .pinRejected {
