@@ -83,6 +83,7 @@ struct BadInputTests {
         FieldCase(name: "timestamp in seconds", path: offer, fields: with(["timestamp": now / 1000]), status: 400, code: "invalid_field", field: "timestamp", mention: "milliseconds"),
         FieldCase(name: "timestamp 25 h old", path: offer, fields: with(["timestamp": now - 25 * 3_600_000]), status: 400, code: "invalid_field", field: "timestamp", mention: "24 hours"),
         FieldCase(name: "timestamp 10 min ahead", path: offer, fields: with(["timestamp": now + 600_000]), status: 400, code: "invalid_field", field: "timestamp", mention: "5 minutes"),
+        FieldCase(name: "timestamp in microseconds", path: offer, fields: with(["timestamp": now * 1000]), status: 400, code: "invalid_field", field: "timestamp", mention: "looks like UNIX time in microseconds — divide by 1000"),
         FieldCase(name: "timestamp as string", path: offer, fields: with(["timestamp": String(now)]), status: 400, code: "invalid_field", field: "timestamp", mention: "must be an integer JSON number (UNIX time in milliseconds); got a string"),
         FieldCase(name: "timestamp with a fraction", path: offer, fields: with(["timestamp": 1.5]), status: 400, code: "invalid_field", field: "timestamp"),
         FieldCase(name: "batch: no offers", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "app_user_id": "u", "generate_offers": [[String: String]]()], status: 400, code: "invalid_field", field: "generate_offers"),
@@ -212,6 +213,10 @@ struct BadInputTests {
         #expect(nested.status == 400 && nested.error?.code == "invalid_json", "\(nested.status) \(nested.error?.message ?? "")")
         let inString = try client.send("POST", Self.offer, body: Array(#"{"bundle_id":"com.example.app","product_id":"p,]","offer_id":"a,}"}"#.utf8))
         #expect(inString.status == 200, "\(inString.error?.message ?? "")")
+        // A lone surrogate escape is named, not Foundation's "Unexpected end of file".
+        let lone = try client.send("POST", Self.offer, body: Array(#"{"bundle_id":"com.example.app","product_id":"p\ud800","offer_id":"a"}"#.utf8))
+        #expect(lone.status == 400 && lone.error?.code == "invalid_json", "\(lone.status)")
+        #expect(lone.error?.message.contains(#"the escape \ud800 at byte 46 is half of a UTF-16 surrogate pair"#) == true, "\(lone.error?.message ?? "")")
         // A member named twice would otherwise be signed with its last value.
         let repeated = try client.send("POST", Self.offer, body: Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"a","offer_id":"b"}"#.utf8))
         #expect(repeated.status == 400)
