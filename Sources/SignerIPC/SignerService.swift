@@ -568,11 +568,23 @@ public final class SignerService: HTTPHandler, Sendable {
         return (signature.raw, der)
     }
 
+    /// `Retry-After` in seconds while the token refuses signerd's PIN: an
+    /// operator has to act, so clients are asked to wait longer than for a
+    /// passing fault (1 s).
+    public static let pinRejectedRetryAfter = 30
+
     func apiError(_ error: HSMError, keyID: String) -> APIError {
         metrics.countHSMError(error.returnValue?.name ?? error.code.rawValue)
         switch error.code {
         case .keyNotFound:
             return APIError(.keyNotFound, "key \(keyID) is configured but not on token \(token.label); import it with signctl keys import", field: "key_id")
+        case .pinRejected:
+            // Not a passing fault: no login is tried again until an operator
+            // reloads with a PIN the token takes, so "retry later" would
+            // only send clients round a loop.
+            var api = APIError(.hsmUnavailable, "the HSM cannot sign: token \(token.label) refused signerd's PIN or reports it locked (\(error.returnValue?.name ?? error.code.rawValue)), so signerd is not logged in; retrying will not help until an operator fixes signerd's PIN source and reloads signerd")
+            api.retryAfter = Self.pinRejectedRetryAfter
+            return api
         case let code where HSMError.Code.tokenProblems.contains(code) || code == .pkcs11Failure:
             if error.code == .sessionUnavailable { _ = markDownIfNoSessionReturned() }
             var api = APIError(.hsmUnavailable, "the HSM cannot sign right now (\(error.returnValue?.name ?? error.code.rawValue)); retry later")
