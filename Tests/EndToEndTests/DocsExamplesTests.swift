@@ -52,4 +52,31 @@ struct DocsExamplesTests {
         let run = runProgram("/bin/sh", ["-c", "cd '\(directory)' && sh check.sh"])
         #expect(run.status == 0 && run.stdout.contains("Verified OK"), "\(run.stdout) \(run.stderr)")
     }
+
+    /// The helper's review found no way in the docs to check a JWS without
+    /// signctl: openssl needs the raw r ‖ s as DER.
+    @Test("README's JWS check with openssl, run as written by sh against a running signerd: header, claims, Verified OK; a changed claim fails")
+    func readmeJWSCheck() throws {
+        let readme = try String(contentsOfFile: Binaries.root + "/README.md", encoding: .utf8)
+        let request = try #require(readme.range(of: "http://signerd/v1/sign/promotional-offer-v2 > answer.json"))
+        let start = try #require(readme.range(of: "SOCK=/run/signerd/signerd.sock", options: .backwards, range: readme.startIndex..<request.lowerBound))
+        let end = try #require(readme.range(of: "# Verified OK", range: request.upperBound..<readme.endIndex))
+        let daemon = try DaemonHarness(keyIDs: ["DOCS000002"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let snippet = "SOCK=" + daemon.socketPath + readme[start.upperBound..<end.upperBound]
+        let directory = TemporaryDirectory.make(prefix: "signerd-readme-jws")
+        try snippet.write(toFile: directory + "/check.sh", atomically: false, encoding: .utf8)
+        // Run several times: r or s with a high bit or a leading zero byte must convert too.
+        for _ in 0..<8 {
+            let run = runProgram("/bin/sh", ["-c", "cd '\(directory)' && sh check.sh"])
+            let lines = run.stdout.split(separator: "\n")
+            #expect(run.status == 0 && lines.last == "Verified OK", "\(run.stdout) \(run.stderr)")
+            #expect(lines.first == #"{"alg":"ES256","kid":"DOCS000002","typ":"JWT"}"#, "\(run.stdout)")
+            #expect(lines.dropFirst().first?.contains(#""aud":"promotional-offer""#) == true, "\(run.stdout)")
+        }
+        // The same check refuses a signing input changed after signing.
+        let tampered = runProgram("/bin/sh", ["-c", "cd '\(directory)' && printf x >> signing-input.txt && openssl dgst -sha256 -verify public_key.pem -signature signature.der signing-input.txt"])
+        #expect(tampered.status != 0 && tampered.stdout.contains("Verification failure"), "\(tampered.stdout) \(tampered.stderr)")
+    }
 }
