@@ -30,6 +30,13 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         /// The token refused the PIN (`CKR_PIN_INCORRECT`, `CKR_PIN_LOCKED`,
         /// `CKR_PIN_EXPIRED`, …). Never retried: tokens lock after a few tries.
         public static let pinRejected = Code(rawValue: "pin_rejected")
+        /// A new PIN (`token init`, `token change-pin`) the token does not
+        /// take: its length is outside `ulMinPinLen`…`ulMaxPinLen` of
+        /// `C_GetTokenInfo` (checked before any change), or `C_SetPIN` or
+        /// `C_InitPIN` answered `CKR_PIN_LEN_RANGE` or `CKR_PIN_INVALID`, or
+        /// it is the PIN the token has already. Not a refused login: no try
+        /// was spent.
+        public static let pinInvalid = Code(rawValue: "pin_invalid")
         /// No private key with this key ID on the token.
         public static let keyNotFound = Code(rawValue: "key_not_found")
         /// A key with this key ID is already on the token.

@@ -631,10 +631,11 @@ public final class HSMToken: @unchecked Sendable {
     ///
     /// The corresponding PKCS#11 function is `C_SetPIN`.
     /// - Parameter newPIN: the new user PIN.
-    /// - Throws: ``HSMError/Code/pinRejected`` (`CKR_PIN_LEN_RANGE` before
-    ///   any change, a new PIN equal to the current one, or what `C_SetPIN`
-    ///   returns for a PIN the token refuses:
-    ///   `CKR_PIN_INVALID`, `CKR_PIN_INCORRECT`); `pkcs11_failure` naming
+    /// - Throws: ``HSMError/Code/pinInvalid`` for a new PIN the token does
+    ///   not take (`CKR_PIN_LEN_RANGE` before any change, a new PIN equal to
+    ///   the current one, or `CKR_PIN_LEN_RANGE`/`CKR_PIN_INVALID` from
+    ///   `C_SetPIN`); ``HSMError/Code/pinRejected`` when `C_SetPIN` refuses
+    ///   the current PIN (`CKR_PIN_INCORRECT`, …); `pkcs11_failure` naming
     ///   the function otherwise.
     public func changeUserPIN(to newPIN: SecureBytes) throws(HSMError) {
         let slot = state.withLock { $0.slot }
@@ -645,7 +646,7 @@ public final class HSMToken: @unchecked Sendable {
         // C_SetPIN accepts the PIN the token already has; saying "changed"
         // then would leave an operator rotating nothing.
         if pin.withLock({ $0.hasSameBytes(as: newPIN) }) {
-            var error = HSMError(.pinRejected, "the new PIN (--new-pin-file) is the PIN token \(label) already has; nothing was changed: write a different PIN into the file")
+            var error = HSMError(.pinInvalid, "the new PIN (--new-pin-file) is the PIN token \(label) already has; nothing was changed: write a different PIN into the file")
             error.tokenLabel = label
             throw error
         }
@@ -653,7 +654,11 @@ public final class HSMToken: @unchecked Sendable {
             let rv = pin.withLock { functions.setPIN(session, old: $0, new: newPIN) }
             guard rv == .ok else {
                 var error = HSMError(pkcs11: .setPIN, rv, message: "the token did not change the user PIN", tokenLabel: label)
-                if PKCS11ReturnValue.pinFailures.contains(rv) || rv == .pinInvalid || rv == .pinLenRange { error.code = .pinRejected }
+                if rv == .pinInvalid || rv == .pinLenRange {
+                    error.code = .pinInvalid  // the new PIN's fault; no try spent
+                } else if PKCS11ReturnValue.pinFailures.contains(rv) {
+                    error.code = .pinRejected
+                }
                 throw error
             }
         }

@@ -27,7 +27,7 @@ public enum TokenAdministration {
     ///   - userPIN: the user PIN to set.
     /// - Returns: whether a token was initialized, and its serial number.
     /// - Throws: ``HSMError/Code/tokenNotFound`` when no free slot exists;
-    ///   ``HSMError/Code/pinRejected`` (`CKR_PIN_LEN_RANGE`) when a PIN is
+    ///   ``HSMError/Code/pinInvalid`` (`CKR_PIN_LEN_RANGE`) when a PIN is
     ///   shorter or longer than the token takes, before any change;
     ///   `pkcs11_failure` with the function and `CKR_*` value.
     public static func initializeToken(modulePath: String, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) -> Outcome {
@@ -51,7 +51,7 @@ public enum TokenAdministration {
     ///   ``Outcome/alreadyInitialized(serial:)`` when the label was taken.
     /// - Throws: ``HSMError/Code/invalidURI`` for a label outside 1–32 bytes;
     ///   ``HSMError/Code/tokenNotFound`` when no free slot exists;
-    ///   ``HSMError/Code/pinRejected`` (`CKR_PIN_LEN_RANGE`) before any change;
+    ///   ``HSMError/Code/pinInvalid`` (`CKR_PIN_LEN_RANGE`) before any change;
     ///   `pkcs11_failure` with the function and `CKR_*` value.
     package static func initializeTokenWithoutUserPIN(modulePath: String, label: String, soPIN: SecureBytes) throws(HSMError) -> Outcome {
         try initialize(modulePath: modulePath, label: label, soPIN: soPIN, userPIN: nil)
@@ -112,7 +112,11 @@ public enum TokenAdministration {
         guard rv == .ok else { throw HSMError(pkcs11: .login, rv, message: "cannot log in as SO on \(label)") }
         defer { functions.logout(session) }
         rv = functions.initPIN(session, pin: userPIN)
-        guard rv == .ok else { throw HSMError(pkcs11: .initPIN, rv, message: "cannot set the user PIN of \(label)") }
+        guard rv == .ok else {
+            var error = HSMError(pkcs11: .initPIN, rv, message: "cannot set the user PIN of \(label)")
+            if rv == .pinInvalid || rv == .pinLenRange { error.code = .pinInvalid }
+            throw error
+        }
     }
 
     /// Refuses a PIN outside the token's `ulMinPinLen`…`ulMaxPinLen` (bytes)
@@ -122,7 +126,7 @@ public enum TokenAdministration {
     /// report what it says).
     ///
     /// The corresponding PKCS#11 function is `C_GetTokenInfo`.
-    /// - Throws: ``HSMError/Code/pinRejected`` with `CKR_PIN_LEN_RANGE`.
+    /// - Throws: ``HSMError/Code/pinInvalid`` with `CKR_PIN_LEN_RANGE`.
     private static func checkPINLengths(_ functions: PKCS11Functions, slot: UInt, label: String, soPIN: SecureBytes, userPIN: SecureBytes?) throws(HSMError) {
         let (rv, info) = functions.tokenInfo(slot: slot)
         guard rv == .ok, let lengths = info?.pinLengths else { return }
@@ -132,12 +136,12 @@ public enum TokenAdministration {
         }
     }
 
-    /// ``HSMError/Code/pinRejected`` (`CKR_PIN_LEN_RANGE`) when `pin` is
+    /// ``HSMError/Code/pinInvalid`` (`CKR_PIN_LEN_RANGE`) when `pin` is
     /// shorter or longer than `lengths` (bytes); the message gives the
     /// limits, never the PIN or its length.
     static func refusePIN(_ pin: SecureBytes, named name: String, outside lengths: ClosedRange<Int>, label: String) throws(HSMError) {
         guard !lengths.contains(pin.count) else { return }
-        var error = HSMError(.pinRejected, "the \(name) is \(pin.count < lengths.lowerBound ? "shorter" : "longer") than token \(label) takes: \(lengths.lowerBound) to \(lengths.upperBound) bytes (ulMinPinLen, ulMaxPinLen); nothing was changed")
+        var error = HSMError(.pinInvalid, "the \(name) is \(pin.count < lengths.lowerBound ? "shorter" : "longer") than token \(label) takes: \(lengths.lowerBound) to \(lengths.upperBound) bytes (ulMinPinLen, ulMaxPinLen); nothing was changed")
         error.function = PKCS11Function.getTokenInfo.rawValue
         error.returnValue = .pinLenRange
         error.tokenLabel = label

@@ -91,8 +91,10 @@ public final class SignerService: HTTPHandler, Sendable {
     ///   (another socket or another token); the old one then stays.
     public func reload(_ new: SignerConfiguration) throws(ConfigurationError) {
         let old = configuration
-        guard new.socketPath == old.socketPath, new.socketMode == old.socketMode, new.socketGroup == old.socketGroup else {
-            throw ConfigurationError("socket_path, socket_mode and socket_group change only with a restart")
+        let socketChanges = [("socket_path", new.socketPath != old.socketPath), ("socket_mode", new.socketMode != old.socketMode),
+                             ("socket_group", new.socketGroup != old.socketGroup)].filter(\.1).map(\.0)
+        guard socketChanges.isEmpty else {
+            throw ConfigurationError("\(socketChanges.joined(separator: " and ")) changed: socket_path, socket_mode and socket_group change only with a restart (systemctl restart signerd; run by hand, stop signerd and start it again)")
         }
         let oldURI: PKCS11URI
         let newURI: PKCS11URI
@@ -472,7 +474,7 @@ public final class SignerService: HTTPHandler, Sendable {
         if let keyID {
             do { try AppleFields.checkKeyID(keyID) } catch { throw APIError(error) }
             guard let key = config.keys.first(where: { $0.keyID == keyID }) else {
-                throw APIError(.keyNotFound, "key_id \(keyID) is not a key signerd is configured to use", field: "key_id")
+                throw APIError(.keyNotFound, "key_id \(keyID) is not a key signerd is configured to use; GET /v1/keys lists the keys it serves (an operator adds one to keys[] in signerd.json and reloads)", field: "key_id")
             }
             guard key.allows(bundleID: bundleID) else {
                 throw APIError(.bundleNotAllowed, "key \(keyID) may not sign for bundle_id \(bundleID); its bundle_ids are \(key.bundleIDs.joined(separator: ", "))", field: "bundle_id")

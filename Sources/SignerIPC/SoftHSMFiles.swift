@@ -45,6 +45,39 @@ public enum SoftHSMFiles {
         return largest
     }
 
+    /// Why SoftHSM, run as this user, cannot see some of its tokens, or nil:
+    /// its token directory, or a token's `token.object` in it, that this
+    /// user may not read. SoftHSM writes each file mode 0600 for the user
+    /// that runs it, so a token made as root can be read by root alone, and
+    /// SoftHSM shows such a token to anyone else as an uninitialized one.
+    /// - Parameter module: `module-path` or `module-name` of the token URI.
+    /// - Returns: a sentence naming the directories and their owners.
+    public static func unreadableTokens(module: String?) -> String? {
+        guard let directory = tokenDirectory(module: module) else { return nil }
+        func owner(_ path: String) -> String {
+            var info = stat()
+            guard stat(path, &info) == 0 else { return "unknown owner" }
+            let name = getpwuid(info.st_uid).map { String(cString: $0.pointee.pw_name) } ?? "uid \(info.st_uid)"
+            return "owner \(name), mode \(String(info.st_mode & 0o7777, radix: 8))"
+        }
+        let user = getpwuid(geteuid()).map { String(cString: $0.pointee.pw_name) } ?? "uid \(geteuid())"
+        guard access(directory, R_OK | X_OK) == 0 else {
+            return "this user (\(user)) cannot read SoftHSM's token directory \(directory) (\(owner(directory))), so SoftHSM sees none of its tokens: run as the user that owns the tokens, or give this user access (on Debian, the group softhsm)"
+        }
+        let entries = ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
+        // A token directory this user cannot search, or one whose token.object it cannot read.
+        let unreadable: [(path: String, file: String)] = entries.map { directory + "/" + $0 }.compactMap { path in
+            var info = stat()
+            guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { return nil }
+            if access(path, R_OK | X_OK) != 0 { return (path, path) }
+            let file = path + "/token.object"
+            return access(file, F_OK) == 0 && access(file, R_OK) != 0 ? (path, file) : nil
+        }
+        guard !unreadable.isEmpty else { return nil }
+        let named = unreadable.map { "\($0.path) (\($0.file == $0.path ? "" : "token.object: ")\(owner($0.file)))" }
+        return "\(unreadable.count) token\(unreadable.count == 1 ? "" : "s") in SoftHSM's token directory cannot be read by this user (\(user)), and SoftHSM shows \(unreadable.count == 1 ? "it" : "them") as uninitialized: \(named.joined(separator: ", ")). A token made as root (signctl token init without runuser) can be read by root alone: delete it (softhsm2-util --delete-token --token LABEL, as its owner) and make it again as the user signerd runs as (runuser -u signerd -- signctl token init …)"
+    }
+
     /// Why logging in to SoftHSM under a file size limit of `limit` bytes
     /// would destroy a token (a `token.object` larger than the limit, cut
     /// short as it is rewritten), or nil.

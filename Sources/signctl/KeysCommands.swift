@@ -5,12 +5,11 @@ import SignerIPC
 func exitCode(for error: HSMError) -> ExitCode {
     // A token without a user PIN is a set-up problem, not a failure of signctl.
     if error.returnValue == .userPinNotInitialized { return .config }
+    return switch error.code {
     // A new PIN refused for its length or form, by signctl's check against
     // C_GetTokenInfo's limits or by C_SetPIN/C_InitPIN: bad input, not a
     // PIN the token refused to log in with.
-    let newPINFunctions = [PKCS11Function.getTokenInfo, .setPIN, .initPIN].map(\.rawValue)
-    if let rv = error.returnValue, [.pinLenRange, .pinInvalid].contains(rv), newPINFunctions.contains(error.function ?? "") { return .dataError }
-    return switch error.code {
+    case .pinInvalid: .dataError
     case .keyNotFound, .keyExists, .keyIDConflict, .keyDuplicate, .keyInvalid, .verificationFailed: .dataError
     case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
     case .pinRejected: .noPermission
@@ -114,14 +113,20 @@ func openTokenForWriting(configPath: String) throws -> HSMToken {
 func refuseRootOnOthersSoftHSMTokens(configPath: String) throws {
     guard geteuid() == 0 else { return }
     let uri = try PKCS11URI(try loadConfiguration(configPath).tokenURI)
-    guard let tokenDirectory = SoftHSMFiles.tokenDirectory(module: uri.modulePath ?? uri.moduleName) else { return }
+    try refuseRootOnOthersSoftHSMTokens(module: uri.modulePath ?? uri.moduleName, rerun: "signctl --config \(configPath) …")
+}
+
+/// The check of ``refuseRootOnOthersSoftHSMTokens(configPath:)`` for the
+/// PKCS#11 module `module`; `rerun` is the command line the hint shows.
+func refuseRootOnOthersSoftHSMTokens(module: String?, rerun: String) throws {
+    guard geteuid() == 0, let tokenDirectory = SoftHSMFiles.tokenDirectory(module: module) else { return }
     let entries = (try? FileManager.default.contentsOfDirectory(atPath: tokenDirectory)) ?? []
     for path in [tokenDirectory] + entries.map({ tokenDirectory + "/" + $0 }) {
         var info = stat()
         guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR, info.st_uid != 0 else { continue }
         let owner = getpwuid(info.st_uid).map { String(cString: $0.pointee.pw_name) }
         throw CommandFailure(.noPermission, "signctl runs as root, but SoftHSM's token directory \(path) belongs to uid \(info.st_uid)\(owner.map { " (\($0))" } ?? ""): SoftHSM writes each object as a file of the writer's own, so what root writes there only root can read, and signerd would not see it; nothing was changed",
-                             hint: "run signctl as that user: runuser -u \(owner ?? String(info.st_uid)) -- signctl --config \(configPath) …")
+                             hint: "run signctl as that user: runuser -u \(owner ?? String(info.st_uid)) -- \(rerun)")
     }
 }
 
@@ -163,11 +168,15 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
         let token = try ProcessControl.holdingTerminationSignals { try HSMToken(uri: uri, options: options) }
         return try ProcessControl.holdingTerminationSignals { try stillInStorage(token, fileSizeLimit: fileSizeLimit) }
     } catch let error as HSMError where error.code == .pinSourceUnreadable {
-        throw CommandFailure(exitCode(for: error), error.description, hint: pinSourceHint(uri.pinSource, configPath: configPath))
+        throw CommandFailure(error, hint: pinSourceHint(uri.pinSource, configPath: configPath))
+    } catch let error as HSMError where error.code == .tokenNotFound {
+        // For SoftHSM, a token this user cannot read (made as root) is listed as uninitialized.
+        let unreadable = SoftHSMFiles.unreadableTokens(module: uri.modulePath ?? uri.moduleName)
+        throw CommandFailure(error, hint: [unreadable, hint(for: error)].compactMap { $0 }.joined(separator: ". Otherwise: "))
     } catch let error as HSMError where error.code == .pinRejected {
         // Which PIN the token refused, by where it came from: the path, never the PIN.
         let source = uri.pinSource.flatMap(PKCS11URI.pinFilePath).map { "the PIN file \($0)" } ?? "the pin-value"
-        throw CommandFailure(exitCode(for: error), "\(error.description) (the PIN read from \(source) that token_uri of \(configPath) names)", hint: hint(for: error))
+        throw CommandFailure(error, message: "\(error.description) (the PIN read from \(source) that token_uri of \(configPath) names)", hint: hint(for: error))
     }
 }
 
@@ -197,6 +206,7 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     let (soPINFile, userPINFile) = (try arguments.required("so-pin-file"), try arguments.required("pin-file"))
     let soPIN = try TokenAdministration.readPINFile(soPINFile)
     let userPIN = try TokenAdministration.readPINFile(userPINFile)
+    try refuseRootOnOthersSoftHSMTokens(module: module, rerun: "signctl token init …")
     let outcome = try ProcessControl.holdingTerminationSignals {
         try TokenAdministration.initializeToken(modulePath: module, label: label, soPIN: soPIN, userPIN: userPIN)
     }
@@ -204,6 +214,13 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     case .initialized(let serial): print("initialized token \(label) (serial \(serial))")
     case .alreadyInitialized(let serial): print("token \(label) already initialized (serial \(serial)); left unchanged")
     case .userPINSet(let serial): print("token \(label) was initialized without a user PIN (serial \(serial)); set the user PIN")
+    }
+    // SoftHSM writes the token's files mode 0600 for root: the service's
+    // user (the shipped unit runs as signerd) could not read them.
+    if geteuid() == 0, case .initialized = outcome, let service = getpwnam("signerd"), service.pointee.pw_uid != 0,
+       let directory = SoftHSMFiles.tokenDirectory(module: module) {
+        FileHandle.standardError.write(Data(("warning: token \(label) was made as root, in \(directory): SoftHSM wrote its files for root alone, so signerd running as the user signerd cannot use it; "
+            + "unless signerd runs as root, delete it (softhsm2-util --delete-token --token \(label)) and run: runuser -u signerd -- signctl token init …\n").utf8))
     }
     // Allowed (a development token), but whoever holds the user PIN can then
     // also act as security officer: set a new user PIN, or wipe the token.

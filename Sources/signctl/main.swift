@@ -80,6 +80,12 @@ struct CommandFailure: Error {
         self.message = message
         self.hint = hint
     }
+    /// The failure for `error`, keeping its code for `--json`, with more
+    /// words than the library's.
+    init(_ error: HSMError, message: String? = nil, hint: String?) {
+        self.init(exitCode(for: error), message ?? error.description, hint: hint)
+        errorCode = error.code.rawValue
+    }
 }
 
 func writeError(_ message: String, hint: String? = nil) {
@@ -131,7 +137,14 @@ func loadConfiguration(_ path: String) throws -> SignerConfiguration {
     do {
         return try SignerConfiguration.load(path: path)
     } catch {
-        throw CommandFailure(.config, error.message, hint: "pass --config FILE (default \(SignerConfiguration.defaultPath))")
+        // A file that was read and refused needs fixing, not another --config.
+        var info = stat()
+        let wasRead = stat(path, &info) == 0 && (info.st_mode & S_IFMT) == S_IFREG && access(path, R_OK) == 0
+        var failure = CommandFailure(.config, error.message, hint: wasRead
+            ? "fix \(path) (docs/OPERATIONS.md lists every setting), then check it with: signerd --check-config --config \(path)"
+            : path == SignerConfiguration.defaultPath ? "pass --config FILE (default \(SignerConfiguration.defaultPath))" : "check the path given to --config")
+        failure.errorCode = "config_invalid"
+        throw failure
     }
 }
 

@@ -47,6 +47,14 @@ func socketDirectoryProblem(_ socketPath: String) -> String? {
     return nil
 }
 
+/// How to give `socket_path` its directory: systemd makes /run/signerd
+/// for the shipped unit; a run by hand needs it made first.
+func socketDirectoryHint(_ socketPath: String) -> String {
+    let directory = (socketPath as NSString).deletingLastPathComponent
+    return "the shipped unit's RuntimeDirectory=signerd makes /run/signerd when the service starts, and with signerd.socket systemd binds the socket; "
+        + "to run signerd by hand, make \(directory) first (install -d -o $(id -un) \(directory)) or set socket_path to a directory this user can write"
+}
+
 /// "1 key", "2 keys": for systemd's STATUS= line.
 func keyCount(_ count: Int) -> String { count == 1 ? "1 key" : "\(count) keys" }
 
@@ -168,7 +176,7 @@ func runDaemon() -> Never {
         if let problem = socketDirectoryProblem(configuration.socketPath) {
             // A warning, not an error: RuntimeDirectory= makes /run/signerd only when the service starts.
             print("warning: socket_directory_missing: \(problem): binding the socket will fail with exit 69 unless it is made first "
-                + "(the shipped unit's RuntimeDirectory=signerd makes /run/signerd when the service starts; with signerd.socket, systemd binds it)")
+                + "(\(socketDirectoryHint(configuration.socketPath)))")
         }
         if let group = configuration.socketGroup, !UnixListener.mayGiveSocket(toGroup: group) {
             print("warning: socket_group_not_joined: this user (uid \(geteuid())) is not a member of socket_group \(group): binding the socket itself "
@@ -199,15 +207,28 @@ func runDaemon() -> Never {
         case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
         default: .unavailable
         }
-        // p11.rv only when a PKCS#11 call failed (not for a PIN file signerd refused itself).
-        if let rv = error.returnValue {
-            if error.code == .pinRejected {
-                fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(rv.name),
-                                                                 "hint": "fix the PIN source, then start signerd again; signerd made one C_Login and no more, since tokens lock after a few wrong PINs"])
-            }
-            fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(rv.name)])
+        let uri = try? PKCS11URI(configuration.tokenURI)
+        let pinFile = uri?.pinSource.flatMap(PKCS11URI.pinFilePath)
+        var hint: String?
+        switch error.code {
+        case .pinRejected:
+            hint = "fix the PIN source (\(pinFile.map { "the PIN file \($0)" } ?? "pin-value in token_uri")), then start signerd again; signerd made one C_Login and no more, since tokens lock after a few wrong PINs"
+        case .pinSourceUnreadable where pinFile.map(PKCS11URI.isSystemdCredential) == true:
+            hint = "\(pinFile ?? "") is systemd's copy of the PIN (LoadCredential=), which exists only inside the running service: start signerd with systemctl start signerd; "
+                + "to run it by hand, give it a configuration whose pin-source names a PIN file this user can read (docs/OPERATIONS.md)"
+        case .tokenNotFound:
+            // For SoftHSM, a token this user cannot read (made as root) looks uninitialized.
+            hint = uri.flatMap { SoftHSMFiles.unreadableTokens(module: $0.modulePath ?? $0.moduleName) }
+        default:
+            hint = nil
         }
-        fail(code, "token_open_failed", logger: logger, ["error": .string(error.description)])
+        // p11.rv only when a PKCS#11 call failed (not for a PIN file signerd refused itself).
+        switch (error.returnValue, hint) {
+        case let (rv?, hint?): fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(rv.name), "hint": .string(hint)])
+        case let (rv?, nil): fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(rv.name)])
+        case let (nil, hint?): fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "hint": .string(hint)])
+        case (nil, nil): fail(code, "token_open_failed", logger: logger, ["error": .string(error.description)])
+        }
     }
 
     // Prove every configured key signs before telling systemd we are ready.
@@ -226,6 +247,10 @@ func runDaemon() -> Never {
             socketActivated = false
         }
     } catch {
+        if socketDirectoryProblem(configuration.socketPath) != nil {
+            fail(.unavailable, "socket_bind_failed", logger: logger, ["socket.path": .string(configuration.socketPath), "error": .string(error.message),
+                                                                      "hint": .string(socketDirectoryHint(configuration.socketPath))])
+        }
         fail(.unavailable, "socket_bind_failed", logger: logger, ["socket.path": .string(configuration.socketPath), "error": .string(error.message)])
     }
     let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
@@ -293,7 +318,7 @@ func runDaemon() -> Never {
                 if !unchanged.isEmpty {
                     logger.warning("config_reload_needs_restart", [
                         "options": .string(unchanged.joined(separator: ", ")),
-                        "hint": "these keep their values from the start until signerd restarts (systemctl restart signerd); the rest of the file is in effect",
+                        "hint": "these keep their values from the start until signerd restarts (systemctl restart signerd; run by hand, stop it and start it again); the rest of the file is in effect",
                     ])
                 }
                 for advisory in fresh.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }

@@ -114,6 +114,11 @@ struct CheckConfigTests {
         #expect(noDirectory.status == 0, "\(noDirectory.stderr)")
         #expect(noDirectory.stdout.contains("warning: socket_directory_missing: the directory \(absent) of socket_path"), "\(noDirectory.stdout)")
         #expect(noDirectory.stdout.contains("No such file or directory") && noDirectory.stdout.contains("RuntimeDirectory="), "\(noDirectory.stdout)")
+        // The start itself says how to give the socket its directory, as --check-config does.
+        let started = runProgram(Binaries.signerd, ["--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(started.status == 69, "\(started.stderr)")
+        let bindFailed = started.stderr.split(separator: "\n").first { $0.contains("\"socket_bind_failed\"") }
+        #expect(bindFailed?.contains("install -d -o $(id -un) \(absent)") == true && bindFailed?.contains("RuntimeDirectory=signerd") == true, "\(started.stderr)")
 
         let pin = try String(contentsOfFile: pinPath(daemon), encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         let inURI = try checkConfig(daemon) { uri in
@@ -137,6 +142,11 @@ struct CheckConfigTests {
         let noted = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", Binaries.signerd, "--config", daemon.configPath, "--check-config"])
         #expect(noted.status == 0, "\(noted.stderr)")
         #expect(noted.stdout.contains("note: the PIN file \(credential) exists only inside the service"), "\(noted.stdout)")
+        // Started by hand with the service's configuration: 78, and how to start it instead.
+        let byHand = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", "SOFTHSM2_CONF=\(daemon.softHSMConf)", Binaries.signerd, "--config", daemon.configPath])
+        #expect(byHand.status == 78, "\(byHand.stderr)")
+        let openFailed = byHand.stderr.split(separator: "\n").first { $0.contains("\"token_open_failed\"") }
+        #expect(openFailed?.contains("is systemd's copy of the PIN (LoadCredential=), which exists only inside the running service: start signerd with systemctl start signerd") == true, "\(byHand.stderr)")
         // A path that only starts like a credential is checked like any other.
         try daemon.writeConfig(["token_uri": daemon.tokenURI.replacingOccurrences(of: pin, with: "/run/credentials/../..\(daemon.directory)/absent.pin")])
         let dotted = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", Binaries.signerd, "--config", daemon.configPath, "--check-config"])
@@ -165,6 +175,7 @@ struct PINRefusedAtOpenTests {
         #expect(start.status == 77, "\(start.stderr)")
         let failed = start.stderr.split(separator: "\n").filter { $0.contains("\"token_open_failed\"") }
         #expect(failed.count == 1 && failed[0].contains("CKR_PIN_INCORRECT") && failed[0].contains("start signerd again"), "\(start.stderr)")
+        #expect(failed.first?.contains("fix the PIN source (the PIN file \(pin))") == true, "the hint names the file: \(start.stderr)")
         #expect(!start.stderr.contains("SIGHUP") && !start.stderr.contains("\"pin_rejected\""), "no advice to reload a daemon that exits: \(start.stderr)")
 
         let list = runSignctl(["--config", daemon.configPath, "keys", "list"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
