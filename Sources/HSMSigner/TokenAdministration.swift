@@ -13,6 +13,32 @@ public enum TokenAdministration {
         case userPINSet(serial: String)
     }
 
+    /// Whether ``initializeToken(modulePath:label:soPIN:userPIN:)`` would
+    /// write to the token storage for `label`, found without changing
+    /// anything (`C_GetSlotList`, `C_GetTokenInfo`): false when an
+    /// initialized token with the label and a user PIN exists.
+    /// - Parameters:
+    ///   - modulePath: the PKCS#11 module (e.g. `libsofthsm2.so`).
+    ///   - label: the token label.
+    /// - Throws: `pkcs11_failure` naming the function when the module cannot list its tokens.
+    public static func initializationWouldWrite(modulePath: String, label: String) throws(HSMError) -> Bool {
+        let module = try PKCS11Module.acquire(path: modulePath)
+        defer { module.release() }
+        let functions = PKCS11Functions(module: module, interposer: nil)
+        guard let existing = try tokens(functions).first(where: { $0.1.label == label && $0.1.flags & P11.tokenInitialized != 0 }) else { return true }
+        return existing.1.flags & P11.userPINInitialized == 0
+    }
+
+    /// The slots that hold a token, with what `C_GetTokenInfo` says of each.
+    private static func tokens(_ functions: PKCS11Functions) throws(HSMError) -> [(UInt, TokenInfo)] {
+        let (rv, slots) = functions.slotsWithToken()
+        guard rv == .ok else { throw HSMError(pkcs11: .getSlotList, rv, message: "cannot list slots") }
+        return slots.compactMap { slot in
+            let (infoRV, info) = functions.tokenInfo(slot: slot)
+            return infoRV == .ok ? info.map { (slot, $0) } : nil
+        }
+    }
+
     /// Initializes a token with `label` in a free slot (`C_InitToken`), then
     /// sets its user PIN (`C_Login` as SO, `C_InitPIN`, `C_Logout`). If an
     /// initialized token with this label exists, nothing is changed, unless
@@ -28,8 +54,12 @@ public enum TokenAdministration {
     /// - Returns: whether a token was initialized, and its serial number.
     /// - Throws: ``HSMError/Code/tokenNotFound`` when no free slot exists;
     ///   ``HSMError/Code/pinInvalid`` (`CKR_PIN_LEN_RANGE`) when a PIN is
-    ///   shorter or longer than the token takes, before any change;
-    ///   `pkcs11_failure` with the function and `CKR_*` value.
+    ///   shorter or longer than the token takes, before any change, or when
+    ///   `C_InitToken` (the SO PIN) or `C_InitPIN` (the user PIN; the token
+    ///   is then left without one) answers `CKR_PIN_INVALID` or
+    ///   `CKR_PIN_LEN_RANGE`; `pin_rejected` when the SO login for
+    ///   `C_InitPIN` is refused; `pkcs11_failure` with the function and
+    ///   `CKR_*` value.
     public static func initializeToken(modulePath: String, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) -> Outcome {
         try initialize(modulePath: modulePath, label: label, soPIN: soPIN, userPIN: userPIN)
     }
@@ -67,16 +97,7 @@ public enum TokenAdministration {
         defer { module.release() }
         let functions = PKCS11Functions(module: module, interposer: nil)
 
-        func tokens() throws(HSMError) -> [(UInt, TokenInfo)] {
-            let (rv, slots) = functions.slotsWithToken()
-            guard rv == .ok else { throw HSMError(pkcs11: .getSlotList, rv, message: "cannot list slots") }
-            return slots.compactMap { slot in
-                let (infoRV, info) = functions.tokenInfo(slot: slot)
-                return infoRV == .ok ? info.map { (slot, $0) } : nil
-            }
-        }
-
-        let present = try tokens()
+        let present = try tokens(functions)
         if let existing = present.first(where: { $0.1.label == label && $0.1.flags & P11.tokenInitialized != 0 }) {
             guard let userPIN, existing.1.flags & P11.userPINInitialized == 0 else {
                 return .alreadyInitialized(serial: existing.1.serial)
@@ -90,9 +111,13 @@ public enum TokenAdministration {
         }
         try checkPINLengths(functions, slot: free.0, label: label, soPIN: soPIN, userPIN: userPIN)
         let rv = functions.initToken(slot: free.0, soPIN: soPIN, label: label)
-        guard rv == .ok else { throw HSMError(pkcs11: .initToken, rv, message: "cannot initialize token \(label)") }
+        guard rv == .ok else {
+            var error = HSMError(pkcs11: .initToken, rv, message: "cannot initialize token \(label)")
+            if rv == .pinInvalid || rv == .pinLenRange { error.code = .pinInvalid }  // the SO PIN's form
+            throw error
+        }
         // SoftHSM moves an initialized token to a new slot ID: find it again by label.
-        guard let (slot, info) = try tokens().first(where: { $0.1.label == label && $0.1.flags & P11.tokenInitialized != 0 }) else {
+        guard let (slot, info) = try tokens(functions).first(where: { $0.1.label == label && $0.1.flags & P11.tokenInitialized != 0 }) else {
             throw HSMError(.tokenNotFound, "token \(label) vanished after C_InitToken")
         }
         if let userPIN {
@@ -103,7 +128,10 @@ public enum TokenAdministration {
 
     /// Sets the user PIN of an initialized token: `C_Login` as SO,
     /// `C_InitPIN`, `C_Logout`, on a read-write session.
-    /// - Throws: `pin_rejected` or `pkcs11_failure` naming the function.
+    /// - Throws: `pin_rejected` for an SO PIN `C_Login` refuses;
+    ///   ``HSMError/Code/pinInvalid`` for a user PIN `C_InitPIN` answers
+    ///   with `CKR_PIN_INVALID` or `CKR_PIN_LEN_RANGE`; `pkcs11_failure`
+    ///   naming the function otherwise.
     private static func setUserPIN(_ functions: PKCS11Functions, slot: UInt, label: String, soPIN: SecureBytes, userPIN: SecureBytes) throws(HSMError) {
         let (openRV, session) = functions.openSession(slot: slot, readWrite: true)
         guard openRV == .ok else { throw HSMError(pkcs11: .openSession, openRV, message: "cannot open a session on \(label)") }

@@ -94,7 +94,7 @@ public final class SignerService: HTTPHandler, Sendable {
         let socketChanges = [("socket_path", new.socketPath != old.socketPath), ("socket_mode", new.socketMode != old.socketMode),
                              ("socket_group", new.socketGroup != old.socketGroup)].filter(\.1).map(\.0)
         guard socketChanges.isEmpty else {
-            throw ConfigurationError("\(socketChanges.joined(separator: " and ")) changed: socket_path, socket_mode and socket_group change only with a restart (systemctl restart signerd; run by hand, stop signerd and start it again)")
+            throw ConfigurationError("\(socketChanges.joined(separator: " and ")) changed: socket_path, socket_mode and socket_group change only with a restart (run by hand, stop signerd and start it again; with the shipped signerd.socket, systemd owns the socket: change ListenStream=, SocketMode= or SocketGroup= there and run systemctl restart signerd.socket signerd)")
         }
         let oldURI: PKCS11URI
         let newURI: PKCS11URI
@@ -584,7 +584,7 @@ public final class SignerService: HTTPHandler, Sendable {
             // Not a passing fault: no login is tried again until an operator
             // reloads with a PIN the token takes, so "retry later" would
             // only send clients round a loop.
-            var api = APIError(.hsmUnavailable, "the HSM cannot sign: token \(token.label) refused signerd's PIN or reports it locked (\(error.returnValue?.name ?? error.code.rawValue)), so signerd is not logged in; retrying will not help until an operator fixes signerd's PIN source and reloads signerd")
+            var api = APIError(.hsmUnavailable, "the HSM cannot sign: token \(token.label) refused signerd's PIN or reports it locked (\(error.returnValue?.name ?? error.code.rawValue)), so signerd is not logged in; retrying will not help until an operator fixes or unlocks signerd's PIN and reloads signerd")
             api.retryAfter = Self.pinRejectedRetryAfter
             return api
         case let code where HSMError.Code.tokenProblems.contains(code) || code == .pkcs11Failure:

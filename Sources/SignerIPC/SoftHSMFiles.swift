@@ -48,34 +48,56 @@ public enum SoftHSMFiles {
     /// Why SoftHSM, run as this user, cannot see some of its tokens, or nil:
     /// its token directory, or a token's `token.object` in it, that this
     /// user may not read. SoftHSM writes each file mode 0600 for the user
-    /// that runs it, so a token made as root can be read by root alone, and
-    /// SoftHSM shows such a token to anyone else as an uninitialized one.
+    /// that runs it, so a token made as root can be read by root alone;
+    /// SoftHSM shows a token it cannot read as an uninitialized one, and
+    /// fails `C_Initialize` (`CKR_GENERAL_ERROR`) when it cannot read its
+    /// token directory.
     /// - Parameter module: `module-path` or `module-name` of the token URI.
-    /// - Returns: a sentence naming the directories and their owners.
+    /// - Returns: a sentence naming the directories, their owners, and
+    ///   which user to run as; deleting a token is suggested only for one
+    ///   root made that another user needs.
     public static func unreadableTokens(module: String?) -> String? {
         guard let directory = tokenDirectory(module: module) else { return nil }
-        func owner(_ path: String) -> String {
+        func owner(_ path: String) -> (uid: uid_t, text: String) {
             var info = stat()
-            guard stat(path, &info) == 0 else { return "unknown owner" }
-            let name = getpwuid(info.st_uid).map { String(cString: $0.pointee.pw_name) } ?? "uid \(info.st_uid)"
-            return "owner \(name), mode \(String(info.st_mode & 0o7777, radix: 8))"
+            guard stat(path, &info) == 0 else { return (0, "unknown owner") }
+            return (info.st_uid, "owner \(userName(info.st_uid)), mode \(String(info.st_mode & 0o7777, radix: 8))")
         }
-        let user = getpwuid(geteuid()).map { String(cString: $0.pointee.pw_name) } ?? "uid \(geteuid())"
+        let user = userName(geteuid())
         guard access(directory, R_OK | X_OK) == 0 else {
-            return "this user (\(user)) cannot read SoftHSM's token directory \(directory) (\(owner(directory))), so SoftHSM sees none of its tokens: run as the user that owns the tokens, or give this user access (on Debian, the group softhsm)"
+            let (uid, text) = owner(directory)
+            return "this user (\(user)) cannot read SoftHSM's token directory \(directory) (\(text)), so SoftHSM cannot open its tokens: "
+                + "run as the user signerd runs as (runuser -u \(userName(uid)) -- …), or give this user read access to the directory (on Debian, the group softhsm)"
         }
         let entries = ((try? FileManager.default.contentsOfDirectory(atPath: directory)) ?? []).sorted()
         // A token directory this user cannot search, or one whose token.object it cannot read.
-        let unreadable: [(path: String, file: String)] = entries.map { directory + "/" + $0 }.compactMap { path in
+        let unreadable: [(path: String, uid: uid_t, text: String)] = entries.map { directory + "/" + $0 }.compactMap { path in
             var info = stat()
             guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR else { return nil }
-            if access(path, R_OK | X_OK) != 0 { return (path, path) }
+            if access(path, R_OK | X_OK) != 0 {
+                let (uid, text) = owner(path)
+                return (path, uid, text)
+            }
             let file = path + "/token.object"
-            return access(file, F_OK) == 0 && access(file, R_OK) != 0 ? (path, file) : nil
+            guard access(file, F_OK) == 0, access(file, R_OK) != 0 else { return nil }
+            let (uid, text) = owner(file)
+            return (path, uid, "token.object: " + text)
         }
         guard !unreadable.isEmpty else { return nil }
-        let named = unreadable.map { "\($0.path) (\($0.file == $0.path ? "" : "token.object: ")\(owner($0.file)))" }
-        return "\(unreadable.count) token\(unreadable.count == 1 ? "" : "s") in SoftHSM's token directory cannot be read by this user (\(user)), and SoftHSM shows \(unreadable.count == 1 ? "it" : "them") as uninitialized: \(named.joined(separator: ", ")). A token made as root (signctl token init without runuser) can be read by root alone: delete it (softhsm2-util --delete-token --token LABEL, as its owner) and make it again as the user signerd runs as (runuser -u signerd -- signctl token init …)"
+        let named = unreadable.map { "\($0.path) (\($0.text))" }.joined(separator: ", ")
+        let what = "\(unreadable.count) token\(unreadable.count == 1 ? "" : "s") in SoftHSM's token directory cannot be read by this user (\(user)), and SoftHSM shows \(unreadable.count == 1 ? "it" : "them") as uninitialized: \(named). "
+        if unreadable.allSatisfy({ $0.uid == 0 }) {
+            return what + "A token made as root (signctl token init without runuser) can be read by root alone: if it is the token you need, "
+                + "delete it (as root: softhsm2-util --delete-token --token LABEL) and make it again as the user signerd runs as (runuser -u signerd -- signctl token init …)"
+        }
+        let owners = Array(Set(unreadable.map(\.uid))).sorted()
+        return what + "SoftHSM keeps each token readable by the user that made it: run as that user (runuser -u \(userName(owners[0])) -- …)"
+            + (owners.count > 1 ? "; these tokens belong to \(owners.map(userName).joined(separator: ", "))" : "")
+    }
+
+    /// The name of `uid`, or `uid N` when it has none.
+    static func userName(_ uid: uid_t) -> String {
+        getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? "uid \(uid)"
     }
 
     /// Why logging in to SoftHSM under a file size limit of `limit` bytes

@@ -120,14 +120,23 @@ func refuseRootOnOthersSoftHSMTokens(configPath: String) throws {
 /// PKCS#11 module `module`; `rerun` is the command line the hint shows.
 func refuseRootOnOthersSoftHSMTokens(module: String?, rerun: String) throws {
     guard geteuid() == 0, let tokenDirectory = SoftHSMFiles.tokenDirectory(module: module) else { return }
-    let entries = (try? FileManager.default.contentsOfDirectory(atPath: tokenDirectory)) ?? []
+    let entries = ((try? FileManager.default.contentsOfDirectory(atPath: tokenDirectory)) ?? []).sorted()
+    // Every directory another user owns, the token directory itself first.
+    var owned: [(path: String, uid: uid_t)] = []
     for path in [tokenDirectory] + entries.map({ tokenDirectory + "/" + $0 }) {
         var info = stat()
         guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFDIR, info.st_uid != 0 else { continue }
-        let owner = getpwuid(info.st_uid).map { String(cString: $0.pointee.pw_name) }
-        throw CommandFailure(.noPermission, "signctl runs as root, but SoftHSM's token directory \(path) belongs to uid \(info.st_uid)\(owner.map { " (\($0))" } ?? ""): SoftHSM writes each object as a file of the writer's own, so what root writes there only root can read, and signerd would not see it; nothing was changed",
-                             hint: "run signctl as that user: runuser -u \(owner ?? String(info.st_uid)) -- \(rerun)")
+        owned.append((path, info.st_uid))
     }
+    guard let first = owned.first else { return }
+    func name(_ uid: uid_t) -> String? { getpwuid(uid).map { String(cString: $0.pointee.pw_name) } }
+    var owners: [uid_t] = []
+    for entry in owned where !owners.contains(entry.uid) { owners.append(entry.uid) }
+    let described = owners.map { uid in "uid \(uid)\(name(uid).map { " (\($0))" } ?? "")" }.joined(separator: ", ")
+    // In a directory several users share, the hint prefers signerd's own user.
+    let runAs = owners.first { name($0) == "signerd" } ?? first.uid
+    throw CommandFailure(.noPermission, "signctl runs as root, but SoftHSM's token directory \(first.path) belongs to \(owners.count == 1 ? described : "another user (the directories in \(tokenDirectory) belong to \(described))"): SoftHSM writes each object as a file of the writer's own, so what root writes there only root can read, and signerd would not see it; nothing was changed",
+                         hint: "run signctl as the user signerd runs as: runuser -u \(name(runAs) ?? String(runAs)) -- \(rerun)")
 }
 
 /// `token`, checked to be still in storage when a file size limit
@@ -169,8 +178,9 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
         return try ProcessControl.holdingTerminationSignals { try stillInStorage(token, fileSizeLimit: fileSizeLimit) }
     } catch let error as HSMError where error.code == .pinSourceUnreadable {
         throw CommandFailure(error, hint: pinSourceHint(uri.pinSource, configPath: configPath))
-    } catch let error as HSMError where error.code == .tokenNotFound {
-        // For SoftHSM, a token this user cannot read (made as root) is listed as uninitialized.
+    } catch let error as HSMError where error.code == .tokenNotFound || (error.code == .pkcs11Failure && error.function == PKCS11Function.initialize.rawValue) {
+        // For SoftHSM, a token this user cannot read (made as root) is listed
+        // as uninitialized, and a token directory it cannot read fails C_Initialize.
         let unreadable = SoftHSMFiles.unreadableTokens(module: uri.modulePath ?? uri.moduleName)
         throw CommandFailure(error, hint: [unreadable, hint(for: error)].compactMap { $0 }.joined(separator: ". Otherwise: "))
     } catch let error as HSMError where error.code == .pinRejected {
@@ -206,7 +216,10 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     let (soPINFile, userPINFile) = (try arguments.required("so-pin-file"), try arguments.required("pin-file"))
     let soPIN = try TokenAdministration.readPINFile(soPINFile)
     let userPIN = try TokenAdministration.readPINFile(userPINFile)
-    try refuseRootOnOthersSoftHSMTokens(module: module, rerun: "signctl token init …")
+    // Only when a write would happen: a token already made is left alone, as root or not.
+    if geteuid() == 0, try TokenAdministration.initializationWouldWrite(modulePath: module, label: label) {
+        try refuseRootOnOthersSoftHSMTokens(module: module, rerun: "signctl token init …")
+    }
     let outcome = try ProcessControl.holdingTerminationSignals {
         try TokenAdministration.initializeToken(modulePath: module, label: label, soPIN: soPIN, userPIN: userPIN)
     }

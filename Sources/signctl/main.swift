@@ -139,10 +139,20 @@ func loadConfiguration(_ path: String) throws -> SignerConfiguration {
     } catch {
         // A file that was read and refused needs fixing, not another --config.
         var info = stat()
-        let wasRead = stat(path, &info) == 0 && (info.st_mode & S_IFMT) == S_IFREG && access(path, R_OK) == 0
-        var failure = CommandFailure(.config, error.message, hint: wasRead
-            ? "fix \(path) (docs/OPERATIONS.md lists every setting), then check it with: signerd --check-config --config \(path)"
-            : path == SignerConfiguration.defaultPath ? "pass --config FILE (default \(SignerConfiguration.defaultPath))" : "check the path given to --config")
+        let exists = stat(path, &info) == 0
+        let source = CommandLine.arguments.contains(where: { $0 == "--config" || $0.hasPrefix("--config=") }) ? "--config"
+            : ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] != nil ? "SIGNERD_CONFIG" : "the default"
+        let hint: String
+        if !exists {
+            hint = "no file at \(path) (from \(source)): pass --config FILE (or set SIGNERD_CONFIG); the default is \(SignerConfiguration.defaultPath)"
+        } else if (info.st_mode & S_IFMT) == S_IFREG && access(path, R_OK) != 0 {
+            hint = "this user (uid \(geteuid())) may not read \(path) (owner uid \(info.st_uid), mode \(String(info.st_mode & 0o7777, radix: 8))): run signctl as root (or as a member of the file's group, when its mode lets the group read), or pass --config FILE with a file this user can read"
+        } else if (info.st_mode & S_IFMT) == S_IFREG {
+            hint = "fix \(path) (docs/OPERATIONS.md lists every setting), then check it with: signerd --check-config --config \(path)"
+        } else {
+            hint = "\(path) (from \(source)) is not a regular file: pass --config FILE"
+        }
+        var failure = CommandFailure(.config, error.message, hint: hint)
         failure.errorCode = "config_invalid"
         throw failure
     }

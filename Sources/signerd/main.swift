@@ -211,13 +211,16 @@ func runDaemon() -> Never {
         let pinFile = uri?.pinSource.flatMap(PKCS11URI.pinFilePath)
         var hint: String?
         switch error.code {
+        case .pinRejected where error.returnValue == .pinLocked:
+            hint = "unlock the user PIN with the SO PIN (the token's own tools), then start signerd again; no C_Login was made"
         case .pinRejected:
             hint = "fix the PIN source (\(pinFile.map { "the PIN file \($0)" } ?? "pin-value in token_uri")), then start signerd again; signerd made one C_Login and no more, since tokens lock after a few wrong PINs"
         case .pinSourceUnreadable where pinFile.map(PKCS11URI.isSystemdCredential) == true:
             hint = "\(pinFile ?? "") is systemd's copy of the PIN (LoadCredential=), which exists only inside the running service: start signerd with systemctl start signerd; "
                 + "to run it by hand, give it a configuration whose pin-source names a PIN file this user can read (docs/OPERATIONS.md)"
-        case .tokenNotFound:
-            // For SoftHSM, a token this user cannot read (made as root) looks uninitialized.
+        case let code where code == .tokenNotFound || (code == .pkcs11Failure && error.function == PKCS11Function.initialize.rawValue):
+            // For SoftHSM, a token this user cannot read (made as root) looks
+            // uninitialized, and a token directory it cannot read fails C_Initialize.
             hint = uri.flatMap { SoftHSMFiles.unreadableTokens(module: $0.modulePath ?? $0.moduleName) }
         default:
             hint = nil

@@ -657,7 +657,7 @@ struct SignctlHintTests {
             let refused = runSignctl(["--config", config] + command, environment: hsm.environment)
             #expect(refused.status == 77, "\(command): \(refused.stderr)")
             #expect(refused.stderr.contains("signctl runs as root, but SoftHSM's token directory \(tokens)") && refused.stderr.contains("belongs to uid 65534"), "\(command): \(refused.stderr)")
-            #expect(refused.stderr.contains("hint: run signctl as that user: runuser -u "), "\(command): \(refused.stderr)")
+            #expect(refused.stderr.contains("hint: run signctl as the user signerd runs as: runuser -u nobody -- "), "\(command): \(refused.stderr)")
         }
         let list = runSignctl(["--config", config, "keys", "list"], environment: hsm.environment)
         #expect(list.status == 0 && list.stdout.contains("OWNED00001") && !list.stdout.contains("OWNED00002"), "\(list.stdout)\(list.stderr)")
@@ -686,10 +686,67 @@ struct SignctlHintTests {
         #expect(start.status == 69, "\(start.stderr)")
         let failed = start.stderr.split(separator: "\n").first { $0.contains("\"token_open_failed\"") }
         #expect(failed?.contains(expected) == true && failed?.contains("runuser -u signerd -- signctl token init") == true, "\(start.stderr)")
+        // A token directory nobody may not read fails SoftHSM's C_Initialize: the same diagnosis.
+        #expect(chmod(hsm.directory + "/tokens", 0o700) == 0)
+        let closed = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signctl, "--config", config, "keys", "list"])
+        #expect(closed.status == 69 && closed.stderr.contains("C_Initialize"), "\(closed.stderr)")
+        #expect(closed.stderr.contains("hint: this user (nobody) cannot read SoftHSM's token directory \(hsm.directory)/tokens (owner root, mode 700)"), "\(closed.stderr)")
+        let closedStart = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signerd, "--config", config])
+        #expect(closedStart.status == 69 && closedStart.stderr.contains("cannot read SoftHSM's token directory"), "\(closedStart.stderr)")
+        #expect(chmod(hsm.directory + "/tokens", 0o755) == 0)
         // Root reads it (with the PIN file root's again): no such hint.
         #expect(chown(pin, 0, 0) == 0)
         let asRoot = runSignctl(["--config", config, "keys", "list"], environment: hsm.environment)
         #expect(asRoot.status == 0 && !asRoot.stderr.contains("cannot be read"), "\(asRoot.stderr)")
+    }
+
+    /// The first version of the hint told anyone who could not read a token
+    /// to delete it, which for signerd's own token would destroy the key.
+    @Test("a token another user made: the hint says to run as that user, and never to delete it",
+          .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and setpriv (util-linux) to run as other users"))
+    func tokenOfAnotherUser() throws {
+        let hsm = try FreeSoftHSM()
+        #expect(chmod(hsm.directory, 0o755) == 0 && chmod(hsm.directory + "/softhsm2.conf", 0o644) == 0 && chown(hsm.directory + "/tokens", 65534, 65534) == 0)
+        // PIN files each user may use: its own, mode 0600.
+        func pinFiles(_ uid: uid_t) throws -> (so: String, user: String) {
+            let so = try hsm.pinFile("so-pin-\(uid)", "12345678")
+            let user = try hsm.pinFile("pin-\(uid)", "87654321")
+            #expect(chown(so, uid, uid) == 0 && chown(user, uid, uid) == 0)
+            return (so, user)
+        }
+        let (nobodySO, nobodyPIN) = try pinFiles(65534)
+        let environment = "SOFTHSM2_CONF=\(hsm.directory)/softhsm2.conf"
+        let made = runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/env", environment,
+                                                   Binaries.signctl, "token", "init", "--label", "nobodys", "--pin-file", nobodyPIN, "--so-pin-file", nobodySO, "--module", hsm.modulePath])
+        try #require(made.status == 0, "\(made.stderr)")
+        #expect(chmod(hsm.directory + "/tokens", 0o755) == 0)
+        let (_, otherPIN) = try pinFiles(65533)
+        let config = try hsm.config(label: "nobodys", pinPath: otherPIN)
+        #expect(chmod(config, 0o644) == 0)
+        let other = runProgram("/usr/bin/setpriv", ["--reuid=65533", "--regid=65533", "--clear-groups", "/usr/bin/env", environment, Binaries.signctl, "--config", config, "keys", "list"])
+        #expect(other.status == 69, "\(other.stderr)")
+        #expect(other.stderr.contains("(owner nobody, mode 700)") && other.stderr.contains("run as that user (runuser -u nobody -- …)"), "\(other.stderr)")
+        #expect(!other.stderr.contains("delete it"), "\(other.stderr)")
+        // Root, re-running token init for the token that exists, changes nothing and is not refused.
+        let (rootSO, rootPIN) = try pinFiles(0)
+        let again = runSignctl(["token", "init", "--label", "nobodys", "--pin-file", rootPIN, "--so-pin-file", rootSO, "--module", hsm.modulePath], environment: hsm.environment)
+        #expect(again.status == 0 && again.stdout.hasPrefix("token nobodys already initialized"), "\(again.stdout)\(again.stderr)")
+        // A new token there is refused, naming the owner to run as.
+        let new = runSignctl(["token", "init", "--label", "another", "--pin-file", rootPIN, "--so-pin-file", rootSO, "--module", hsm.modulePath], environment: hsm.environment)
+        #expect(new.status == 77 && new.stderr.contains("hint: run signctl as the user signerd runs as: runuser -u nobody -- signctl token init …"), "\(new.stderr)")
+    }
+
+    @Test("a configuration file this user may not read gets a hint naming its owner and mode",
+          .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and setpriv (util-linux) to run as another user"))
+    func configUnreadable() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-config-mode")
+        #expect(chmod(directory, 0o755) == 0)
+        let path = directory + "/signerd.json"
+        try #"{"token_uri": "pkcs11:token=x?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent"}"#.write(toFile: path, atomically: false, encoding: .utf8)
+        #expect(chmod(path, 0o600) == 0)
+        let refused = runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Binaries.signctl, "--config", path, "keys", "list"])
+        #expect(refused.status == 78, "\(refused.stderr)")
+        #expect(refused.stderr.contains("hint: this user (uid 65534) may not read \(path) (owner uid 0, mode 600)"), "\(refused.stderr)")
     }
 
     @Test("token init as root warns that the token is root's alone when a signerd user exists",
@@ -720,7 +777,9 @@ struct SignctlHintTests {
         let reported = try JSONSerialization.jsonObject(with: Data(typo.stdout.utf8)) as? [String: [String: Any]]
         #expect(reported?["error"]?["code"] as? String == "config_invalid", "\(typo.stdout)")
         let missing = runSignctl(["--config", directory + "/absent.json", "keys", "list"])
-        #expect(missing.status == 78 && missing.stderr.contains("hint: check the path given to --config"), "\(missing.stderr)")
+        #expect(missing.status == 78 && missing.stderr.contains("hint: no file at \(directory)/absent.json (from --config): pass --config FILE"), "\(missing.stderr)")
+        let fromEnvironment = runSignctl(["keys", "list"], environment: ["SIGNERD_CONFIG": directory + "/absent.json"])
+        #expect(fromEnvironment.status == 78 && fromEnvironment.stderr.contains("(from SIGNERD_CONFIG)"), "\(fromEnvironment.stderr)")
     }
 
     /// `keys export-public` swallowed every look-up failure and, with two

@@ -433,7 +433,7 @@ struct FaultToleranceTests {
         let refusedSign = try client.send("POST", "/v1/sign/promotional-offer", body: Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8))
         let refusedText = String(decoding: refusedSign.body, as: UTF8.self)
         #expect(refusedSign.status == 503 && refusedText.contains("hsm_unavailable"), "\(refusedText)")
-        #expect(refusedText.contains("CKR_PIN_INCORRECT") && refusedText.contains("retrying will not help") && refusedText.contains("PIN source"), "\(refusedText)")
+        #expect(refusedText.contains("CKR_PIN_INCORRECT") && refusedText.contains("retrying will not help") && refusedText.contains("fixes or unlocks signerd's PIN"), "\(refusedText)")
         #expect(refusedSign.headers["retry-after"] == String(SignerService.pinRejectedRetryAfter), "\(refusedSign.headers)")
         // A reload that re-reads the unchanged file sends no C_Login.
         let refused = #expect(throws: ConfigurationError.self) { try daemon.service.reload(daemon.service.configuration) }
