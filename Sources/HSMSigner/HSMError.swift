@@ -21,6 +21,11 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         public static let invalidURI = Code(rawValue: "invalid_uri")
         /// The PKCS#11 module could not be found or loaded.
         public static let moduleNotFound = Code(rawValue: "module_not_found")
+        /// The PKCS#11 module file, or a directory it is reached through,
+        /// belongs to another user than root and this process's, or may be
+        /// written by others: whoever can change it runs code in signerd,
+        /// so it is not loaded.
+        public static let moduleInsecure = Code(rawValue: "module_insecure")
         /// No token (or more than one) matches the URI.
         public static let tokenNotFound = Code(rawValue: "token_not_found")
         /// The PIN source could not be read.

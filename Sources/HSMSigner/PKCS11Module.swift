@@ -106,10 +106,15 @@ final class PKCS11Module: @unchecked Sendable {
     /// Loads (or reuses) the module at `path` with p11-kit, unmanaged, and
     /// initializes it once.
     /// - Parameter path: an absolute path to a PKCS#11 shared library.
-    /// - Throws: ``HSMError/Code/moduleNotFound``, or a `C_Initialize` failure.
+    /// - Throws: ``HSMError/Code/moduleNotFound``,
+    ///   ``HSMError/Code/moduleInsecure`` (``insecurity(ofModule:)``), or a
+    ///   `C_Initialize` failure.
     static func acquire(path: String) throws(HSMError) -> PKCS11Module {
         let module: PKCS11Module = try registry.withLock { (modules) throws(HSMError) -> PKCS11Module in
             if let existing = modules[path] { return existing }
+            if let problem = insecurity(ofModule: path) {
+                throw HSMError(.moduleInsecure, problem)
+            }
             guard let list = p11_kit_module_load(path, Int32(P11_KIT_MODULE_UNMANAGED | P11_KIT_MODULE_CRITICAL)) else {
                 throw HSMError(.moduleNotFound, "p11-kit could not load the PKCS#11 module \(path) (missing file, wrong architecture or unresolved symbols)")
             }
@@ -119,6 +124,38 @@ final class PKCS11Module: @unchecked Sendable {
         }
         try module.retain()
         return module
+    }
+
+    /// Why the module at `path` may be changed by someone other than root
+    /// and this process's user, or nil: the file (after symbolic links), or
+    /// the directory of `path` or of the file, owned by another user, or
+    /// writable by its group or by others (a directory with the sticky bit
+    /// excepted). A relative path, which p11-kit resolves in its own module
+    /// directory, is not checked.
+    /// - Parameter path: the `module-path` of the token URI.
+    /// - Returns: a sentence naming the file or directory, its owner and mode.
+    static func insecurity(ofModule path: String) -> String? {
+        guard path.hasPrefix("/"), let resolved = realpath(path, nil) else { return nil }
+        defer { free(resolved) }
+        let file = String(cString: resolved)
+        func directory(of path: String) -> String {
+            let slash = path.lastIndex(of: "/") ?? path.startIndex
+            return slash == path.startIndex ? "/" : String(path[..<slash])
+        }
+        for (candidate, isDirectory) in [(file, false), (directory(of: file), true), (directory(of: path), true)] {
+            var info = stat()
+            guard stat(candidate, &info) == 0 else { continue }
+            let mode = info.st_mode & 0o7777
+            let what = "\(isDirectory ? "the directory" : "the PKCS#11 module") \(candidate) (owner uid \(info.st_uid), mode \(String(mode, radix: 8)))"
+            if info.st_uid != 0 && info.st_uid != geteuid() {
+                return "\(what) belongs to another user than root and this one, who could change the code signerd and signctl load; not loaded: chown it to root"
+            }
+            let writable = mode & mode_t(S_IWOTH) != 0 || mode & mode_t(S_IWGRP) != 0
+            if writable && !(isDirectory && mode & mode_t(S_ISVTX) != 0) {
+                return "\(what) may be written by \(mode & mode_t(S_IWOTH) != 0 ? "other users" : "its group"), who could change the code signerd and signctl load; not loaded: chmod go-w it"
+            }
+        }
+        return nil
     }
 
     /// Resolves a p11-kit registered module name (`module-name=softhsm2`)

@@ -154,7 +154,7 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     /// For `signerd --check-config`.
     /// - Returns: what was left unchecked and why, for the operator; empty
     ///   when everything was checked.
-    /// - Throws: ``HSMError/Code/moduleNotFound``,
+    /// - Throws: ``HSMError/Code/moduleNotFound``, ``HSMError/Code/moduleInsecure``,
     ///   ``HSMError/Code/pinSourceUnreadable``, ``HSMError/Code/pinSourceInsecure``.
     public func checkFilesBeforeOpening() throws(HSMError) -> [String] {
         var unchecked: [String] = []
@@ -176,6 +176,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             if fd >= 0 { close(fd) }
             guard count == 4, magic == [0x7F, 0x45, 0x4C, 0x46] else {
                 throw HSMError(.moduleNotFound, "the PKCS#11 module \(modulePath) is not a shared library (no ELF header)")
+            }
+            if let problem = PKCS11Module.insecurity(ofModule: modulePath) {
+                throw HSMError(.moduleInsecure, problem)
             }
         } else if let moduleName {
             unchecked.append("module-name=\(moduleName) is resolved by p11-kit only when the token is opened")

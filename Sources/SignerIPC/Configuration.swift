@@ -220,7 +220,16 @@ public struct SignerConfiguration: Sendable, Equatable {
         }
         let kind: String
         switch info.st_mode & S_IFMT {
-        case S_IFREG: return
+        case S_IFREG:
+            // The file names the PKCS#11 module loaded into this process and
+            // who may call: only root or this process's user may change it.
+            if info.st_uid != 0 && info.st_uid != geteuid() {
+                throw ConfigurationError("the configuration file \(path) belongs to uid \(info.st_uid), neither root nor this process's uid \(geteuid()): it chooses the PKCS#11 module loaded and who may call, so that user could run code here; chown it to root")
+            }
+            if info.st_mode & (S_IWGRP | S_IWOTH) != 0 {
+                throw ConfigurationError("the configuration file \(path) may be written by \(info.st_mode & S_IWOTH != 0 ? "other users" : "its group") (mode \(String(info.st_mode & 0o7777, radix: 8))): it chooses the PKCS#11 module loaded and who may call; chmod go-w it")
+            }
+            return
         case S_IFDIR: throw ConfigurationError("the configuration file \(path) is a directory, not a file; pass the JSON file itself (e.g. \(defaultPath))")
         case S_IFIFO: kind = "a FIFO (named pipe)"
         case S_IFSOCK: kind = "a socket"

@@ -6,7 +6,7 @@ import HSMSigner
 final class LogThrottle: Sendable {
     private let linesPerWindow: Int
     private let windowNanoseconds: UInt64
-    private let state = Locked<(windowStart: UInt64, lines: Int, suppressed: Int)>((0, 0, 0))
+    private let state = Locked(ThrottleWindow(windowStart: 0))
 
     init(linesPerWindow: Int, windowSeconds: Double) {
         self.linesPerWindow = linesPerWindow
@@ -17,18 +17,63 @@ final class LogThrottle: Sendable {
     /// logged, unless this window's lines are used up.
     func admit(_ log: (_ suppressed: Int) -> Void) {
         let now = MonotonicClock.now()
-        let suppressed: Int? = state.withLock { state in
-            if MonotonicClock.nanoseconds(from: state.windowStart, to: now) >= windowNanoseconds && now > state.windowStart {
-                state.windowStart = now
-                state.lines = 0
+        let (limit, window) = (linesPerWindow, windowNanoseconds)
+        if let suppressed = state.withLock({ $0.admit(now: now, window: window, limit: limit) }) { log(suppressed) }
+    }
+}
+
+/// One window of a throttle: when it began, the lines let through in it,
+/// and the lines suppressed since the last one let through.
+struct ThrottleWindow {
+    var windowStart: UInt64
+    var lines = 0
+    var suppressed = 0
+
+    /// Counts one line at `now`: the lines suppressed before it when it may
+    /// be logged (`limit` per `window` nanoseconds), else nil.
+    mutating func admit(now: UInt64, window: UInt64, limit: Int) -> Int? {
+        if MonotonicClock.nanoseconds(from: windowStart, to: now) >= window && now > windowStart {
+            windowStart = now
+            lines = 0
+        }
+        guard lines < limit else {
+            suppressed += 1
+            return nil
+        }
+        lines += 1
+        defer { suppressed = 0 }
+        return suppressed
+    }
+}
+
+/// A ``LogThrottle`` per caller uid: each uid gets its own `linesPerWindow`
+/// lines per window, so one caller in a loop cannot use up the lines that
+/// would log another's attempt. At most `maximumCallers` uids are tracked
+/// (windows that have ended are dropped first; past that the table starts
+/// again), so the table's memory is bounded.
+final class PerCallerLogThrottle: Sendable {
+    private let linesPerWindow: Int
+    private let windowNanoseconds: UInt64
+    private let maximumCallers: Int
+    private let state = Locked<[UInt32: ThrottleWindow]>([:])
+
+    init(linesPerWindow: Int, windowSeconds: Double, maximumCallers: Int = 256) {
+        self.linesPerWindow = linesPerWindow
+        self.windowNanoseconds = UInt64(windowSeconds * 1e9)
+        self.maximumCallers = maximumCallers
+    }
+
+    /// Calls `log` with the number of lines suppressed for `uid` since its
+    /// last one logged, unless `uid`'s lines of this window are used up.
+    func admit(uid: UInt32, _ log: (_ suppressed: Int) -> Void) {
+        let now = MonotonicClock.now()
+        let (limit, window, maximum) = (linesPerWindow, windowNanoseconds, maximumCallers)
+        let suppressed: Int? = state.withLock { callers in
+            if callers[uid] == nil && callers.count >= maximum {
+                callers = callers.filter { MonotonicClock.nanoseconds(from: $0.value.windowStart, to: now) < window }
+                if callers.count >= maximum { callers.removeAll(keepingCapacity: true) }
             }
-            guard state.lines < linesPerWindow else {
-                state.suppressed += 1
-                return nil
-            }
-            state.lines += 1
-            defer { state.suppressed = 0 }
-            return state.suppressed
+            return callers[uid, default: ThrottleWindow(windowStart: now)].admit(now: now, window: window, limit: limit)
         }
         if let suppressed { log(suppressed) }
     }

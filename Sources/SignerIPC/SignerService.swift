@@ -57,7 +57,8 @@ public final class SignerService: HTTPHandler, Sendable {
     private let readinessRun = ReadinessRun()
     private let rateBuckets = Locked<[UInt32: (tokens: Double, at: UInt64)]>([:])
     /// A refused peer sending in a loop must not write a log line per request.
-    private let forbiddenWarnings = LogThrottle(linesPerWindow: 10, windowSeconds: 10)
+    /// Per uid: one caller refused in a loop cannot hide another's attempt.
+    private let forbiddenWarnings = PerCallerLogThrottle(linesPerWindow: 10, windowSeconds: 10)
     private let groupCache = Locked<[UInt32: (groups: [UInt32], at: UInt64)]>([:])
     private let ownUID = getuid()
     /// `sign_timeout_ms` at start, in seconds (the request deadline is fixed at start too).
@@ -382,7 +383,7 @@ public final class SignerService: HTTPHandler, Sendable {
     private func refuseIfNotAllowed(_ peer: PeerCredentials, path: String, _ config: SignerConfiguration) -> HTTPResponse? {
         guard !isAllowed(peer, config) else { return nil }
         metrics.count("forbidden")
-        forbiddenWarnings.admit { suppressed in
+        forbiddenWarnings.admit(uid: peer.uid) { suppressed in
             logger.warning("peer_forbidden", ["peer.uid": .int(Int64(peer.uid)), "peer.gid": .int(Int64(peer.gid)), "peer.pid": .int(Int64(peer.pid)),
                                               "http.path": .string(path), "suppressed_before": .int(Int64(suppressed))])
         }
@@ -466,7 +467,7 @@ public final class SignerService: HTTPHandler, Sendable {
         /// Counts and logs a caller that per-key allow-lists leave out.
         func noteForbidden(_ keyIDs: String) {
             metrics.count("forbidden")
-            forbiddenWarnings.admit { suppressed in
+            forbiddenWarnings.admit(uid: peer.uid) { suppressed in
                 logger.warning("peer_forbidden_for_key", ["peer.uid": .int(Int64(peer.uid)), "peer.pid": .int(Int64(peer.pid)), "key.id": .string(keyIDs),
                                                           "suppressed_before": .int(Int64(suppressed))])
             }

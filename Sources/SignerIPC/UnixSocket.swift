@@ -95,7 +95,12 @@ public enum UnixListener {
     /// A stale socket file is replaced only if it is a socket nobody
     /// listens on; any other file at the path is left alone and refused.
     /// The file gets `mode` and, when given, `group`, with no window in
-    /// which it has wider permissions (bound under a tight umask).
+    /// which it has wider permissions (bound under a tight umask), by calls
+    /// that do not follow a symbolic link (`fchownat`, `fchmodat` with
+    /// `AT_SYMLINK_NOFOLLOW`). The path's directory must be one no other
+    /// user can rename entries in (``unsafeDirectory(of:)``): there another
+    /// user could swap the new socket for a link to any file between the
+    /// bind and the chmod, and have this process change that file instead.
     /// - Parameters:
     ///   - path: an absolute path whose directory exists.
     ///   - mode: the socket file's permission bits (e.g. 0o660).
@@ -103,6 +108,9 @@ public enum UnixListener {
     /// - Returns: the listening descriptor (non-blocking, close-on-exec).
     /// - Throws: ``SocketError`` naming the path and the reason.
     public static func bind(path: String, mode: UInt32, group: String?) throws(SocketError) -> Int32 {
+        if let problem = unsafeDirectory(of: path) {
+            throw SocketError(problem)
+        }
         var info = stat()
         if lstat(path, &info) == 0 {
             guard (info.st_mode & S_IFMT) == S_IFSOCK else {
@@ -133,7 +141,7 @@ public enum UnixListener {
                 unlink(path)
                 throw SocketError("socket_group \(group) is not a group on this host")
             }
-            guard chown(path, uid_t.max, gid) == 0 else {
+            guard fchownat(AT_FDCWD, path, uid_t.max, gid, AT_SYMLINK_NOFOLLOW) == 0 else {
                 let code = errno
                 Glibc.close(fd)
                 unlink(path)
@@ -141,11 +149,13 @@ public enum UnixListener {
                 throw SocketError("cannot give \(path) to group \(group)\(why)", errno: code)
             }
         }
-        guard chmod(path, mode_t(mode)) == 0 else {
+        // glibc refuses AT_SYMLINK_NOFOLLOW for a link (EOPNOTSUPP) and
+        // changes anything else through an O_PATH descriptor of the path.
+        guard fchmodat(AT_FDCWD, path, mode_t(mode), AT_SYMLINK_NOFOLLOW) == 0, lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFSOCK else {
             let code = errno
             Glibc.close(fd)
             unlink(path)
-            throw SocketError("cannot chmod \(path)", errno: code)
+            throw SocketError("cannot chmod \(path), or it is no longer the socket just bound", errno: code)
         }
         guard listen(fd, SOMAXCONN) == 0 else {
             let code = errno
@@ -154,6 +164,33 @@ public enum UnixListener {
             throw SocketError("cannot listen on \(path)", errno: code)
         }
         return fd
+    }
+
+    /// Why the directory of `path` is not safe for a socket file this
+    /// process creates and then changes by path, or nil: a directory owned
+    /// by another user than root and this process's, or one that others may
+    /// write (a group other than this process's group, or everyone) without
+    /// the sticky bit, which keeps them from renaming or removing files
+    /// they do not own (/tmp has it).
+    /// - Parameter path: an absolute socket path.
+    /// - Returns: a sentence naming the directory, its owner and mode.
+    public static func unsafeDirectory(of path: String) -> String? {
+        let slash = path.lastIndex(of: "/") ?? path.startIndex
+        let directory = slash == path.startIndex ? "/" : String(path[..<slash])
+        var info = stat()
+        guard stat(directory, &info) == 0 else { return nil }  // bind says why
+        let mode = info.st_mode & 0o7777
+        let described = "\(directory) (owner uid \(info.st_uid), group gid \(info.st_gid), mode \(String(mode, radix: 8)))"
+        let fix = "put socket_path in a directory only root or this user may write, such as /run/signerd (RuntimeDirectory=signerd), or chmod +t the directory"
+        if info.st_uid != 0 && info.st_uid != geteuid() {
+            return "the directory of socket_path, \(described), belongs to another user, who could replace the socket with a link to any file between its bind and its chmod; \(fix)"
+        }
+        let sticky = mode & mode_t(S_ISVTX) != 0
+        let othersWrite = mode & mode_t(S_IWOTH) != 0 || (mode & mode_t(S_IWGRP) != 0 && info.st_gid != getegid())
+        if othersWrite && !sticky {
+            return "the directory of socket_path, \(described), may be written by other users without the sticky bit, so they could replace the socket with a link to any file between its bind and its chmod; \(fix)"
+        }
+        return nil
     }
 
     /// Which file sits at `path` (device and inode, from `lstat(2)`), or nil

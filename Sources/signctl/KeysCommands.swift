@@ -11,7 +11,7 @@ func exitCode(for error: HSMError) -> ExitCode {
     // PIN the token refused to log in with.
     case .pinInvalid: .dataError
     case .keyNotFound, .keyExists, .keyIDConflict, .keyDuplicate, .keyInvalid, .verificationFailed: .dataError
-    case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
+    case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound, .moduleInsecure: .config
     case .pinRejected: .noPermission
     // token_not_found, token_unavailable, session_unavailable, sign_timeout
     // and pkcs11_failure (C_Initialize refused, a device error): the token or

@@ -178,6 +178,9 @@ func runDaemon() -> Never {
             print("warning: socket_directory_missing: \(problem): binding the socket will fail with exit 69 unless it is made first "
                 + "(\(socketDirectoryHint(configuration.socketPath)))")
         }
+        if let problem = UnixListener.unsafeDirectory(of: configuration.socketPath) {
+            print("warning: socket_directory_unsafe: \(problem): binding the socket itself (without signerd.socket) will fail with exit 69")
+        }
         if let group = configuration.socketGroup, !UnixListener.mayGiveSocket(toGroup: group) {
             print("warning: socket_group_not_joined: this user (uid \(geteuid())) is not a member of socket_group \(group): binding the socket itself "
                 + "(without signerd.socket) will fail with exit 69; add the user to \(group), or start signerd through signerd.socket")
@@ -204,7 +207,7 @@ func runDaemon() -> Never {
     } catch {
         let code: ExitCode = switch error.code {
         case .pinRejected: .noPermission
-        case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound: .config
+        case .invalidURI, .pinSourceInsecure, .pinSourceUnreadable, .moduleNotFound, .moduleInsecure: .config
         default: .unavailable
         }
         let uri = try? PKCS11URI(configuration.tokenURI)

@@ -682,7 +682,7 @@ struct SignctlHintTests {
         let list = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signctl, "--config", config, "keys", "list"])
         #expect(list.status == 69, "\(list.stderr)")
         #expect(list.stderr.contains("error: token_not_found: ") && list.stderr.contains("hint: 1 token in SoftHSM's token directory " + expected), "\(list.stderr)")
-        let start = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signerd, "--config", config])
+        let start = runProgram("/usr/bin/setpriv", asNobody + ["/usr/bin/timeout", "10", Binaries.signerd, "--config", config])
         #expect(start.status == 69, "\(start.stderr)")
         let failed = start.stderr.split(separator: "\n").first { $0.contains("\"token_open_failed\"") }
         #expect(failed?.contains(expected) == true && failed?.contains("runuser -u signerd -- signctl token init") == true, "\(start.stderr)")
@@ -691,7 +691,7 @@ struct SignctlHintTests {
         let closed = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signctl, "--config", config, "keys", "list"])
         #expect(closed.status == 69 && closed.stderr.contains("C_Initialize"), "\(closed.stderr)")
         #expect(closed.stderr.contains("hint: this user (nobody) cannot read SoftHSM's token directory \(hsm.directory)/tokens (owner root, mode 700)"), "\(closed.stderr)")
-        let closedStart = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signerd, "--config", config])
+        let closedStart = runProgram("/usr/bin/setpriv", asNobody + ["/usr/bin/timeout", "10", Binaries.signerd, "--config", config])
         #expect(closedStart.status == 69 && closedStart.stderr.contains("cannot read SoftHSM's token directory"), "\(closedStart.stderr)")
         #expect(chmod(hsm.directory + "/tokens", 0o755) == 0)
         // Root reads it (with the PIN file root's again): no such hint.

@@ -115,7 +115,7 @@ struct CheckConfigTests {
         #expect(noDirectory.stdout.contains("warning: socket_directory_missing: the directory \(absent) of socket_path"), "\(noDirectory.stdout)")
         #expect(noDirectory.stdout.contains("No such file or directory") && noDirectory.stdout.contains("RuntimeDirectory="), "\(noDirectory.stdout)")
         // The start itself says how to give the socket its directory, as --check-config does.
-        let started = runProgram(Binaries.signerd, ["--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        let started = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
         #expect(started.status == 69, "\(started.stderr)")
         let bindFailed = started.stderr.split(separator: "\n").first { $0.contains("\"socket_bind_failed\"") }
         #expect(bindFailed?.contains("install -d -o $(id -un) \(absent)") == true && bindFailed?.contains("RuntimeDirectory=signerd") == true, "\(started.stderr)")
@@ -128,6 +128,64 @@ struct CheckConfigTests {
         #expect(inURI.stdout.contains("warning: pin_value_in_uri: use pin-source=file:/path with mode 0600 instead of pin-value"), "\(inURI.stdout)")
         #expect(!inURI.stdout.contains("socket_directory_missing"), "the harness's socket directory exists: \(inURI.stdout)")
         #expect(!inURI.stdout.contains(pin) && !inURI.stderr.contains(pin), "no PIN in the output")
+    }
+
+    /// A root signerd bound its socket, then chown/chmod by path: in a
+    /// directory another user could write, that user swapped the socket for
+    /// a link to /etc/shadow in between (an attack round won it on the
+    /// first or second start).
+    @Test("a socket directory others may write without the sticky bit, or another user's, is refused at start (69) and warned of by --check-config; a sticky one is not",
+          .enabled(if: geteuid() == 0, "giving the directory to another uid needs root"))
+    func unsafeSocketDirectory() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        let directory = daemon.directory + "/sockets"
+        try FileManager.default.createDirectory(atPath: directory, withIntermediateDirectories: false)
+        try daemon.writeConfig(["socket_path": directory + "/signerd.sock"])
+        for (mode, owner, says) in [(0o777, uid_t(0), "may be written by other users without the sticky bit"), (0o755, uid_t(65534), "belongs to another user")] {
+            #expect(chmod(directory, mode_t(mode)) == 0 && chown(directory, owner, 0) == 0)
+            let checked = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+            #expect(checked.status == 0 && checked.stdout.contains("warning: socket_directory_unsafe: the directory of socket_path, \(directory)") && checked.stdout.contains(says), "\(checked.stdout)")
+            // Bounded: a signerd that binds there anyway would serve until stopped.
+            let started = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+            #expect(started.status == 69, "\(started.stderr)")
+            #expect(started.stderr.contains("\"socket_bind_failed\"") && started.stderr.contains(says), "\(started.stderr)")
+            #expect(!FileManager.default.fileExists(atPath: directory + "/signerd.sock"), "nothing was bound")
+        }
+        #expect(chown(directory, 0, 0) == 0 && chmod(directory, 0o1777) == 0)
+        let sticky = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(sticky.status == 0 && !sticky.stdout.contains("socket_directory_unsafe"), "like /tmp: \(sticky.stdout)")
+    }
+
+    /// The configuration file chooses the module loaded into a root process;
+    /// one another user could write ran that user's code as root.
+    @Test("a configuration file others may write or another user owns, and a PKCS#11 module others may change, are refused (78) by signerd and signctl",
+          .enabled(if: geteuid() == 0, "giving files to another uid needs root"))
+    func insecureConfigurationAndModule() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        let environment = ["SOFTHSM2_CONF": daemon.softHSMConf]
+        #expect(chmod(daemon.configPath, 0o666) == 0)
+        for arguments in [[Binaries.signerd, "--config", daemon.configPath, "--check-config"], [Binaries.signctl, "--config", daemon.configPath, "keys", "list"]] {
+            let refused = runProgram(arguments[0], Array(arguments.dropFirst()), environment: environment)
+            #expect(refused.status == 78 && refused.stderr.contains("may be written by other users (mode 666)"), "\(arguments): \(refused.stderr)")
+        }
+        #expect(chmod(daemon.configPath, 0o644) == 0 && chown(daemon.configPath, 65534, 65534) == 0)
+        let owned = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: environment)
+        #expect(owned.status == 78 && owned.stderr.contains("belongs to uid 65534, neither root nor this process's uid 0"), "\(owned.stderr)")
+        #expect(chown(daemon.configPath, 0, 0) == 0)
+
+        // The module, copied to a directory others may write.
+        let modules = daemon.directory + "/modules"
+        try FileManager.default.createDirectory(atPath: modules, withIntermediateDirectories: false)
+        let realModule = try #require(realpath(SoftHSMFixture.shared.modulePath, nil).map { String(cString: $0) })
+        try FileManager.default.copyItem(atPath: realModule, toPath: modules + "/libsofthsm2.so")
+        try daemon.writeConfig(["token_uri": replacingModulePath(daemon.tokenURI, with: modules + "/libsofthsm2.so")])
+        let safe = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: environment)
+        #expect(safe.status == 0, "a root-owned copy in a root-owned directory loads: \(safe.stderr)")
+        #expect(chmod(modules, 0o777) == 0)
+        for arguments in [[Binaries.signerd, "--config", daemon.configPath, "--check-config"], ["/usr/bin/timeout", "10", Binaries.signerd, "--config", daemon.configPath], [Binaries.signctl, "--config", daemon.configPath, "keys", "list"]] {
+            let refused = runProgram(arguments[0], Array(arguments.dropFirst()), environment: environment)
+            #expect(refused.status == 78 && refused.stderr.contains("module_insecure") && refused.stderr.contains("the directory \(modules) (owner uid 0, mode 777) may be written by other users"), "\(arguments): \(refused.stderr)")
+        }
     }
 
     @Test("a PIN file from LoadCredential= is left to the service's start, with a note, outside the service")
@@ -143,7 +201,7 @@ struct CheckConfigTests {
         #expect(noted.status == 0, "\(noted.stderr)")
         #expect(noted.stdout.contains("note: the PIN file \(credential) exists only inside the service"), "\(noted.stdout)")
         // Started by hand with the service's configuration: 78, and how to start it instead.
-        let byHand = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", "SOFTHSM2_CONF=\(daemon.softHSMConf)", Binaries.signerd, "--config", daemon.configPath])
+        let byHand = runProgram("/usr/bin/env", ["-u", "CREDENTIALS_DIRECTORY", "SOFTHSM2_CONF=\(daemon.softHSMConf)", "/usr/bin/timeout", "10", Binaries.signerd, "--config", daemon.configPath])
         #expect(byHand.status == 78, "\(byHand.stderr)")
         let openFailed = byHand.stderr.split(separator: "\n").first { $0.contains("\"token_open_failed\"") }
         #expect(openFailed?.contains("is systemd's copy of the PIN (LoadCredential=), which exists only inside the running service: start signerd with systemctl start signerd") == true, "\(byHand.stderr)")
@@ -171,7 +229,7 @@ struct PINRefusedAtOpenTests {
         try writeSecretFile(pin, String(repeating: "9", count: right.trimmingCharacters(in: .whitespacesAndNewlines).count) + "\n")
         defer { try? writeSecretFile(pin, right) }
 
-        let start = runProgram(Binaries.signerd, ["--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        let start = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
         #expect(start.status == 77, "\(start.stderr)")
         let failed = start.stderr.split(separator: "\n").filter { $0.contains("\"token_open_failed\"") }
         #expect(failed.count == 1 && failed[0].contains("CKR_PIN_INCORRECT") && failed[0].contains("start signerd again"), "\(start.stderr)")

@@ -60,4 +60,19 @@ struct LogThrottleTests {
         throttle.admit { logged.append($0) }
         #expect(logged.last == 0)
     }
+
+    /// One throttle for every uid let a caller refused in a loop use up the
+    /// lines, so that another uid's refused attempt was never logged.
+    @Test("per caller: one uid's flood leaves another uid's lines; the table of callers stays bounded")
+    func perCaller() {
+        let throttle = PerCallerLogThrottle(linesPerWindow: 10, windowSeconds: 60, maximumCallers: 4)
+        var logged: [UInt32] = []
+        for _ in 0..<50 { throttle.admit(uid: 4004) { _ in logged.append(4004) } }
+        throttle.admit(uid: 4002) { _ in logged.append(4002) }
+        #expect(logged.filter { $0 == 4004 }.count == 10)
+        #expect(logged.last == 4002, "the other uid's first line is logged")
+        // More callers than the table holds: it starts again rather than grow.
+        for uid in UInt32(1)...8 { throttle.admit(uid: uid) { _ in logged.append(uid) } }
+        #expect(logged.suffix(8) == Array(UInt32(1)...8))
+    }
 }
