@@ -186,38 +186,58 @@ public struct SignerConfiguration: Sendable, Equatable {
         self.tokenURI = tokenURI
     }
 
-    /// Reads and checks a configuration file.
-    /// - Parameter path: the JSON file.
-    /// - Throws: ``ConfigurationError`` naming the key at fault.
+    /// Reads and checks a configuration file. The file is opened once and
+    /// checked and read through that descriptor, so what is checked is what
+    /// is read: a file swapped after the check (for a FIFO, or another
+    /// user's file) is not.
+    /// - Parameter path: the JSON file (symbolic links followed).
+    /// - Throws: ``ConfigurationError`` naming the key at fault, or the file's
+    ///   problem (``checkFile(_:path:)``; larger than 4 MiB; unreadable).
     public static func load(path: String) throws(ConfigurationError) -> SignerConfiguration {
-        try checkRegularFile(path)
-        let data: Data
-        do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
-        } catch {
-            // The system's reason ("No such file or directory"), not Foundation's "The operation could not be completed".
-            let reason = access(path, R_OK) != 0 ? String(cString: strerror(errno)) : (error as NSError).localizedDescription
-            throw ConfigurationError("cannot read the configuration file \(path): \(reason)")
+        // O_NONBLOCK: a FIFO at the path must not wait for a writer.
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
+        guard fd >= 0 else {
+            throw ConfigurationError("cannot read the configuration file \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { close(fd) }
+        var info = stat()
+        guard fstat(fd, &info) == 0 else {
+            throw ConfigurationError("cannot read the configuration file \(path): \(String(cString: strerror(errno)))")
+        }
+        try checkFile(info, path: path)
+        let limit = 4 << 20
+        guard info.st_size <= limit else {
+            throw ConfigurationError("the configuration file \(path) is \(info.st_size) bytes; a configuration is at most \(limit) bytes")
+        }
+        var bytes: [UInt8] = []
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        while bytes.count <= limit {
+            let count = read(fd, &chunk, chunk.count)
+            if count < 0 && errno == EINTR { continue }
+            guard count >= 0 else {
+                throw ConfigurationError("cannot read the configuration file \(path): \(String(cString: strerror(errno)))")
+            }
+            if count == 0 { break }
+            bytes.append(contentsOf: chunk[..<count])
         }
         do {
-            return try parse(Array(data))
+            return try parse(bytes)
         } catch {
             throw ConfigurationError("\(path): \(error.message)")
         }
     }
 
-    /// Refuses a path that is not a regular file before it is read, with
-    /// the path and what it is: Foundation says "error 256" for a directory,
-    /// and "You don't have permission" for a FIFO, even to root, whose
-    /// open(2) would wait for a writer besides.
-    /// - Parameter path: the configuration file (symbolic links followed).
-    /// - Throws: ``ConfigurationError`` when `stat(2)` fails (with its
-    ///   reason, such as "No such file or directory") or the file is not regular.
-    static func checkRegularFile(_ path: String) throws(ConfigurationError) {
-        var info = stat()
-        guard stat(path, &info) == 0 else {
-            throw ConfigurationError("cannot read the configuration file \(path): \(String(cString: strerror(errno)))")
-        }
+    /// Refuses a configuration file that is not a regular file, with the
+    /// path and what it is (Foundation said "error 256" for a directory),
+    /// or one whose owner or mode would let another user choose the PKCS#11
+    /// module this process loads.
+    /// - Parameters:
+    ///   - info: `fstat(2)` of the open file.
+    ///   - path: the path, for messages.
+    /// - Throws: ``ConfigurationError`` when the file is not regular, belongs
+    ///   to another user than root and this process's, or may be written by
+    ///   its group or others.
+    static func checkFile(_ info: stat, path: String) throws(ConfigurationError) {
         let kind: String
         switch info.st_mode & S_IFMT {
         case S_IFREG:
