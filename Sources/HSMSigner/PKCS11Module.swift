@@ -127,33 +127,44 @@ final class PKCS11Module: @unchecked Sendable {
     }
 
     /// Why the module at `path` may be changed by someone other than root
-    /// and this process's user, or nil: the file (after symbolic links), or
-    /// the directory of `path` or of the file, owned by another user, or
-    /// writable by its group or by others (a directory with the sticky bit
-    /// excepted). A relative path, which p11-kit resolves in its own module
-    /// directory, is not checked.
+    /// and this process's user, or nil: the file (after symbolic links)
+    /// owned by another user or writable by its group or others, or a
+    /// directory above it or above `path` that another user could change
+    /// (``PathSafety/unsafeDirectory(above:)``). A path that cannot be
+    /// resolved for another reason than a missing file (too long, a loop)
+    /// is refused, since it could not be checked. A relative path is
+    /// resolved by p11-kit in its own module directory; one that climbs out
+    /// of it (`..`) is refused.
     /// - Parameter path: the `module-path` of the token URI.
     /// - Returns: a sentence naming the file or directory, its owner and mode.
     static func insecurity(ofModule path: String) -> String? {
-        guard path.hasPrefix("/"), let resolved = realpath(path, nil) else { return nil }
-        defer { free(resolved) }
-        let file = String(cString: resolved)
-        func directory(of path: String) -> String {
-            let slash = path.lastIndex(of: "/") ?? path.startIndex
-            return slash == path.startIndex ? "/" : String(path[..<slash])
+        guard path.hasPrefix("/") else {
+            guard !path.split(separator: "/").contains("..") else {
+                return "module-path=\(path) is relative and climbs out of p11-kit's module directory with ..: not loaded; give the module's absolute path"
+            }
+            return nil
         }
-        for (candidate, isDirectory) in [(file, false), (directory(of: file), true), (directory(of: path), true)] {
-            var info = stat()
-            guard stat(candidate, &info) == 0 else { continue }
+        guard let resolved = realpath(path, nil) else {
+            let code = errno
+            if code == ENOENT || code == ENOTDIR { return nil }  // loading says it is missing
+            return "the PKCS#11 module \(path) cannot be resolved to check who may change it (\(String(cString: strerror(code)))): not loaded"
+        }
+        let file = String(cString: resolved)
+        free(resolved)
+        let fix = "not loaded: it and every directory above it must belong to root (or this user) and be writable by no one else"
+        var info = stat()
+        if stat(file, &info) == 0 {
             let mode = info.st_mode & 0o7777
-            let what = "\(isDirectory ? "the directory" : "the PKCS#11 module") \(candidate) (owner uid \(info.st_uid), mode \(String(mode, radix: 8)))"
+            let what = "the PKCS#11 module \(file) (owner uid \(info.st_uid), mode \(String(mode, radix: 8)))"
             if info.st_uid != 0 && info.st_uid != geteuid() {
-                return "\(what) belongs to another user than root and this one, who could change the code signerd and signctl load; not loaded: chown it to root"
+                return "\(what) belongs to another user than root and this one, who could change the code signerd and signctl load; \(fix)"
             }
-            let writable = mode & mode_t(S_IWOTH) != 0 || mode & mode_t(S_IWGRP) != 0
-            if writable && !(isDirectory && mode & mode_t(S_ISVTX) != 0) {
-                return "\(what) may be written by \(mode & mode_t(S_IWOTH) != 0 ? "other users" : "its group"), who could change the code signerd and signctl load; not loaded: chmod go-w it"
+            if mode & mode_t(S_IWOTH | S_IWGRP) != 0 {
+                return "\(what) may be written by \(mode & mode_t(S_IWOTH) != 0 ? "other users" : "its group"), who could change the code signerd and signctl load; \(fix)"
             }
+        }
+        if let problem = PathSafety.unsafeDirectory(above: file) ?? PathSafety.unsafeDirectory(above: path) {
+            return "the PKCS#11 module \(path): \(problem); \(fix)"
         }
         return nil
     }

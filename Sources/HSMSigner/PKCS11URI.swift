@@ -159,6 +159,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     public func checkFilesBeforeOpening() throws(HSMError) -> [String] {
         var unchecked: [String] = []
         if let modulePath, !modulePath.hasPrefix("/") {
+            if let problem = PKCS11Module.insecurity(ofModule: modulePath) {
+                throw HSMError(.moduleInsecure, problem)
+            }
             // p11-kit looks for it in its own module directory (P11_MODULE_PATH), not the current one.
             unchecked.append("module-path=\(modulePath) is relative: p11-kit looks for it in its module directory only when the token is opened")
         } else if let modulePath {

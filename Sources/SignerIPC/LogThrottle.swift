@@ -49,13 +49,14 @@ struct ThrottleWindow {
 /// A ``LogThrottle`` per caller uid: each uid gets its own `linesPerWindow`
 /// lines per window, so one caller in a loop cannot use up the lines that
 /// would log another's attempt. At most `maximumCallers` uids are tracked
-/// (windows that have ended are dropped first; past that the table starts
-/// again), so the table's memory is bounded.
+/// (windows that have ended are dropped first); uids beyond that share one
+/// more window of `linesPerWindow` lines, so neither the table nor the log
+/// grows with the number of uids.
 final class PerCallerLogThrottle: Sendable {
     private let linesPerWindow: Int
     private let windowNanoseconds: UInt64
     private let maximumCallers: Int
-    private let state = Locked<[UInt32: ThrottleWindow]>([:])
+    private let state = Locked<(callers: [UInt32: ThrottleWindow], overflow: ThrottleWindow)>(([:], ThrottleWindow(windowStart: 0)))
 
     init(linesPerWindow: Int, windowSeconds: Double, maximumCallers: Int = 256) {
         self.linesPerWindow = linesPerWindow
@@ -68,12 +69,14 @@ final class PerCallerLogThrottle: Sendable {
     func admit(uid: UInt32, _ log: (_ suppressed: Int) -> Void) {
         let now = MonotonicClock.now()
         let (limit, window, maximum) = (linesPerWindow, windowNanoseconds, maximumCallers)
-        let suppressed: Int? = state.withLock { callers in
-            if callers[uid] == nil && callers.count >= maximum {
-                callers = callers.filter { MonotonicClock.nanoseconds(from: $0.value.windowStart, to: now) < window }
-                if callers.count >= maximum { callers.removeAll(keepingCapacity: true) }
+        let suppressed: Int? = state.withLock { state in
+            if state.callers[uid] == nil && state.callers.count >= maximum {
+                state.callers = state.callers.filter { MonotonicClock.nanoseconds(from: $0.value.windowStart, to: now) < window }
+                if state.callers.count >= maximum {
+                    return state.overflow.admit(now: now, window: window, limit: limit)
+                }
             }
-            return callers[uid, default: ThrottleWindow(windowStart: now)].admit(now: now, window: window, limit: limit)
+            return state.callers[uid, default: ThrottleWindow(windowStart: now)].admit(now: now, window: window, limit: limit)
         }
         if let suppressed { log(suppressed) }
     }

@@ -166,31 +166,16 @@ public enum UnixListener {
         return fd
     }
 
-    /// Why the directory of `path` is not safe for a socket file this
-    /// process creates and then changes by path, or nil: a directory owned
-    /// by another user than root and this process's, or one that others may
-    /// write (a group other than this process's group, or everyone) without
-    /// the sticky bit, which keeps them from renaming or removing files
-    /// they do not own (/tmp has it).
+    /// Why the directories above `path` are not safe for a socket file
+    /// this process creates and then changes by path, or nil: one that
+    /// another user owns, or that others may write without the sticky bit
+    /// (``PathSafety/unsafeDirectory(above:)``), from `/` down.
     /// - Parameter path: an absolute socket path.
     /// - Returns: a sentence naming the directory, its owner and mode.
     public static func unsafeDirectory(of path: String) -> String? {
-        let slash = path.lastIndex(of: "/") ?? path.startIndex
-        let directory = slash == path.startIndex ? "/" : String(path[..<slash])
-        var info = stat()
-        guard stat(directory, &info) == 0 else { return nil }  // bind says why
-        let mode = info.st_mode & 0o7777
-        let described = "\(directory) (owner uid \(info.st_uid), group gid \(info.st_gid), mode \(String(mode, radix: 8)))"
-        let fix = "put socket_path in a directory only root or this user may write, such as /run/signerd (RuntimeDirectory=signerd), or chmod +t the directory"
-        if info.st_uid != 0 && info.st_uid != geteuid() {
-            return "the directory of socket_path, \(described), belongs to another user, who could replace the socket with a link to any file between its bind and its chmod; \(fix)"
-        }
-        let sticky = mode & mode_t(S_ISVTX) != 0
-        let othersWrite = mode & mode_t(S_IWOTH) != 0 || (mode & mode_t(S_IWGRP) != 0 && info.st_gid != getegid())
-        if othersWrite && !sticky {
-            return "the directory of socket_path, \(described), may be written by other users without the sticky bit, so they could replace the socket with a link to any file between its bind and its chmod; \(fix)"
-        }
-        return nil
+        guard let problem = PathSafety.unsafeDirectory(above: path) else { return nil }
+        return "socket_path \(path) lies below \(problem), and so could have the socket swapped for a link to any file between its bind and its chmod; "
+            + "put socket_path in a directory only root or this user may change, such as /run/signerd (RuntimeDirectory=signerd), or chmod +t the directory"
     }
 
     /// Which file sits at `path` (device and inode, from `lstat(2)`), or nil

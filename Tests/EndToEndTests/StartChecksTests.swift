@@ -144,7 +144,7 @@ struct CheckConfigTests {
         for (mode, owner, says) in [(0o777, uid_t(0), "may be written by other users without the sticky bit"), (0o755, uid_t(65534), "belongs to another user")] {
             #expect(chmod(directory, mode_t(mode)) == 0 && chown(directory, owner, 0) == 0)
             let checked = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
-            #expect(checked.status == 0 && checked.stdout.contains("warning: socket_directory_unsafe: the directory of socket_path, \(directory)") && checked.stdout.contains(says), "\(checked.stdout)")
+            #expect(checked.status == 0 && checked.stdout.contains("warning: socket_directory_unsafe: socket_path \(directory)/signerd.sock lies below the directory \(directory) (") && checked.stdout.contains(says), "\(checked.stdout)")
             // Bounded: a signerd that binds there anyway would serve until stopped.
             let started = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
             #expect(started.status == 69, "\(started.stderr)")
@@ -154,6 +154,63 @@ struct CheckConfigTests {
         #expect(chown(directory, 0, 0) == 0 && chmod(directory, 0o1777) == 0)
         let sticky = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
         #expect(sticky.status == 0 && !sticky.stdout.contains("socket_directory_unsafe"), "like /tmp: \(sticky.stdout)")
+        // A safe directory below one another user owns: that user could swap
+        // the whole directory between bind and chmod (renameat2 RENAME_EXCHANGE),
+        // which a second attack round did. Every directory up to / is checked.
+        let parent = daemon.directory + "/theirs"
+        try FileManager.default.createDirectory(atPath: parent + "/sockets", withIntermediateDirectories: true)
+        #expect(chown(parent, 65534, 65534) == 0 && chmod(parent, 0o755) == 0 && chmod(parent + "/sockets", 0o755) == 0)
+        try daemon.writeConfig(["socket_path": parent + "/sockets/signerd.sock"])
+        let below = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(below.status == 69 && below.stderr.contains("lies below the directory \(parent) (owner uid 65534") && below.stderr.contains("belongs to another user"), "\(below.stderr)")
+    }
+
+    /// The module check resolved the path with realpath(3) and passed it
+    /// when that failed; a second attack round made the resolved path longer
+    /// than PATH_MAX through two symbolic links, and its library ran as root.
+    @Test("a module path that cannot be resolved (longer than PATH_MAX), one that climbs out of p11-kit's directory, or one below another user's directory is refused (78)",
+          .enabled(if: geteuid() == 0, "giving a directory to another uid needs root"))
+    func moduleCheckCannotBeBypassed() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        let environment = ["SOFTHSM2_CONF": daemon.softHSMConf]
+        let module = try FileManager.default.contents(atPath: try #require(realpath(SoftHSMFixture.shared.modulePath, nil).map { String(cString: $0) })) ?? Data()
+        // Two chains of 14 directories with 200-character names, joined by links: each
+        // link and each path given is short, the resolved path about 5,600 bytes.
+        let base = daemon.directory + "/long"
+        try FileManager.default.createDirectory(atPath: base, withIntermediateDirectories: false)
+        let name = String(repeating: "d", count: 200)
+        let chain = Array(repeating: name, count: 14).joined(separator: "/")
+        var fd = open(base, O_RDONLY | O_DIRECTORY)
+        for level in 0..<28 {
+            if level == 14 { #expect(symlinkat(chain, fd, "L2") == 0) }  // inside the first chain, pointing down the second
+            #expect(mkdirat(fd, name, 0o755) == 0)
+            let next = openat(fd, name, O_RDONLY | O_DIRECTORY)
+            close(fd)
+            fd = next
+        }
+        let file = openat(fd, "libsofthsm2.so", O_WRONLY | O_CREAT | O_EXCL, 0o755)
+        _ = module.withUnsafeBytes { write(file, $0.baseAddress, $0.count) }
+        close(file)
+        close(fd)
+        #expect(symlink(chain, base + "/L1") == 0)
+        let long = base + "/L1/L2/libsofthsm2.so"
+        #expect(realpath(long, nil) == nil && errno == ENAMETOOLONG, "the kernel resolves it, realpath(3) cannot")
+        for (modulePath, says) in [(long, "cannot be resolved to check who may change it (File name too long)"),
+                                   ("../../../../../../../.." + base + "/L1/L2/libsofthsm2.so", "climbs out of p11-kit's module directory")] {
+            try daemon.writeConfig(["token_uri": replacingModulePath(daemon.tokenURI, with: modulePath)])
+            for arguments in [[Binaries.signerd, "--config", daemon.configPath, "--check-config"], [Binaries.signctl, "--config", daemon.configPath, "keys", "list"]] {
+                let refused = runProgram(arguments[0], Array(arguments.dropFirst()), environment: environment)
+                #expect(refused.status == 78 && refused.stderr.contains("module_insecure") && refused.stderr.contains(says), "\(arguments): \(refused.stderr)")
+            }
+        }
+        // A root-owned directory and module below a directory another user owns.
+        let theirs = daemon.directory + "/theirs-module"
+        try FileManager.default.createDirectory(atPath: theirs + "/lib", withIntermediateDirectories: true)
+        try module.write(to: URL(fileURLWithPath: theirs + "/lib/libsofthsm2.so"))
+        #expect(chown(theirs, 65534, 65534) == 0 && chmod(theirs, 0o755) == 0)
+        try daemon.writeConfig(["token_uri": replacingModulePath(daemon.tokenURI, with: theirs + "/lib/libsofthsm2.so")])
+        let below = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: environment)
+        #expect(below.status == 78 && below.stderr.contains("the directory \(theirs) (owner uid 65534") && below.stderr.contains("belongs to another user"), "\(below.stderr)")
     }
 
     /// The configuration file chooses the module loaded into a root process;
@@ -184,7 +241,7 @@ struct CheckConfigTests {
         #expect(chmod(modules, 0o777) == 0)
         for arguments in [[Binaries.signerd, "--config", daemon.configPath, "--check-config"], ["/usr/bin/timeout", "10", Binaries.signerd, "--config", daemon.configPath], [Binaries.signctl, "--config", daemon.configPath, "keys", "list"]] {
             let refused = runProgram(arguments[0], Array(arguments.dropFirst()), environment: environment)
-            #expect(refused.status == 78 && refused.stderr.contains("module_insecure") && refused.stderr.contains("the directory \(modules) (owner uid 0, mode 777) may be written by other users"), "\(arguments): \(refused.stderr)")
+            #expect(refused.status == 78 && refused.stderr.contains("module_insecure") && refused.stderr.contains("the directory \(modules) (owner uid 0, group gid 0, mode 777) may be written by other users"), "\(arguments): \(refused.stderr)")
         }
     }
 

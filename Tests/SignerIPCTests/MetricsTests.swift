@@ -71,8 +71,15 @@ struct LogThrottleTests {
         throttle.admit(uid: 4002) { _ in logged.append(4002) }
         #expect(logged.filter { $0 == 4004 }.count == 10)
         #expect(logged.last == 4002, "the other uid's first line is logged")
-        // More callers than the table holds: it starts again rather than grow.
-        for uid in UInt32(1)...8 { throttle.admit(uid: uid) { _ in logged.append(uid) } }
-        #expect(logged.suffix(8) == Array(UInt32(1)...8))
+        // More callers than the table holds (4): uids beyond it share one
+        // window of 10 lines, so 300 uids cannot log 300 lines (an attack
+        // round's first version cleared the table and logged them all).
+        logged.removeAll()
+        for uid in UInt32(1)...300 { throttle.admit(uid: uid) { _ in logged.append(uid) } }
+        #expect(logged.count == 2 + 10, "2 free places in the table, then the shared window: \(logged.count)")
+        #expect(logged.prefix(2) == [1, 2])
+        // The callers already in the table keep their own lines.
+        throttle.admit(uid: 1) { _ in logged.append(1) }
+        #expect(logged.last == 1 && logged.count == 13)
     }
 }
