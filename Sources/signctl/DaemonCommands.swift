@@ -254,8 +254,8 @@ func verifyJWS(_ words: [String]) throws -> ExitCode {
     let valid = publicKey.verify(rawSignature: decoded.signature, digest: SHA256.hash(Array(decoded.signingInput.utf8)))
     func pretty(_ json: String) -> String {
         guard let object = try? JSONSerialization.jsonObject(with: Data(json.utf8)),
-              let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]) else { return json }
-        return String(decoding: data, as: UTF8.self)
+              let data = try? JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys, .withoutEscapingSlashes]) else { return escapingInvisible(json) }
+        return escapingInvisible(String(decoding: data, as: UTF8.self))
     }
     if arguments.flag("json") {
         print("{\"valid\": \(valid), \"header\": \(decoded.header), \"claims\": \(decoded.claims)}")
@@ -265,6 +265,26 @@ func verifyJWS(_ words: [String]) throws -> ExitCode {
         print("claims: \(pretty(decoded.claims))")
     }
     return valid ? .success : .dataError
+}
+
+/// `text` with the characters a terminal would act on or hide written as
+/// JSON escapes (`\u202E`): C1 controls (U+0080–U+009F, U+009B opens an
+/// escape sequence on some terminals) and the bidirectional controls
+/// (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069), which reorder
+/// what is shown. A claim read from a token someone handed over is shown
+/// as it is, not as it would look.
+func escapingInvisible(_ text: String) -> String {
+    var out = ""
+    out.unicodeScalars.reserveCapacity(text.unicodeScalars.count)
+    for scalar in text.unicodeScalars {
+        switch scalar.value {
+        case 0x80...0x9F, 0x61C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069:
+            out += "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count) + String(scalar.value, radix: 16, uppercase: true)
+        default:
+            out.unicodeScalars.append(scalar)
+        }
+    }
+    return out
 }
 
 func signJWSCommand(kind: String, _ words: [String], configPath: String) throws -> ExitCode {

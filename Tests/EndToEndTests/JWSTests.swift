@@ -275,6 +275,20 @@ struct JWSTests {
         #expect(output.contains("DER"))
     }
 
+    /// An attack round found `signctl verify jws` printing a claim's
+    /// U+202E (right-to-left override) raw: the terminal showed the claim
+    /// reordered.
+    @Test("signctl verify jws shows bidirectional controls in claims as escapes, not raw")
+    func signctlEscapesBidiControls() throws {
+        try publicKeyPEM.write(toFile: daemon.directory + "/jws-pub.pem", atomically: false, encoding: .utf8)
+        let token = try daemon.signctl(["sign", "promotional-offer-v2", "--bundle-id", "com.example.app", "--product-id", "pro\u{202E}yhtnom", "--offer-id", "o\u{2066}x"])
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+        let (status, output) = daemon.signctlStatus(["verify", "jws", token, "--public-key", daemon.directory + "/jws-pub.pem"])
+        #expect(status == 0, "\(output)")
+        #expect(output.contains(#""productId" : "pro\u202Eyhtnom""#) && output.contains(#""offerIdentifier" : "o\u2066x""#), "\(output)")
+        #expect(!output.unicodeScalars.contains { $0.value == 0x202E || $0.value == 0x2066 }, "no raw control: \(output)")
+    }
+
     @Test("signctl verify jws refuses a signature whose last character has its unused bits set (A → B): malformed, naming the signature")
     func signctlNonCanonicalSignature() throws {
         try publicKeyPEM.write(toFile: daemon.directory + "/jws-pub.pem", atomically: false, encoding: .utf8)
