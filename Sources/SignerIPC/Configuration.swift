@@ -101,7 +101,9 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// (`socket_mode` with the "other" bits), a `socket_group` whose members
     /// cannot connect (no group write bit), no keys, and a bundle ID that
     /// several keys serve with none of them `default_key_id` (its requests
-    /// must name `key_id`; `/v1/offers`, which cannot, answers 7234).
+    /// must name `key_id`; `/v1/offers`, which cannot, answers 7234), and a
+    /// PIN file readable by a group of the callers (`socket_group` or
+    /// `allowed_gids`).
     public var advisories: [(event: String, hint: String)] {
         var found: [(event: String, hint: String)] = []
         if socketMode & 0o006 != 0 {
@@ -110,6 +112,15 @@ public struct SignerConfiguration: Sendable, Equatable {
         // Connecting to a Unix socket needs write permission on it.
         if socketGroup != nil && socketMode & 0o020 == 0 {
             found.append(("socket_group_cannot_connect", "socket_mode \(String(socketMode, radix: 8)) gives socket_group \(socketGroup ?? "") no write permission, and connecting to a Unix socket needs it: no member of the group can connect; 0660 is the usual choice"))
+        }
+        // A PIN file its group may read, whose group is one the callers are
+        // in: every backend of that group could read the PIN.
+        if let pinFile = (try? PKCS11URI(tokenURI))?.pinSource.flatMap(PKCS11URI.pinFilePath) {
+            var info = stat()
+            let callerGroups = allowedGIDs + [socketGroup.flatMap { UInt32($0) ?? getgrnam($0)?.pointee.gr_gid }].compactMap { $0 }
+            if stat(pinFile, &info) == 0, info.st_mode & 0o040 != 0, callerGroups.contains(info.st_gid) {
+                found.append(("pin_file_readable_by_callers", "the PIN file \(pinFile) may be read by its group, gid \(info.st_gid), which is a group of signerd's callers (socket_group or allowed_gids): every backend in it can read the PIN; give the file a group of its own (signerd's) or mode 0600"))
+            }
         }
         if keys.isEmpty {
             found.append(("no_keys_configured", "keys is empty: every signing request gets 403 bundle_not_allowed until a key is added and signerd reloaded"))

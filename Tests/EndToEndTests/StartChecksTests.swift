@@ -396,6 +396,26 @@ struct SocketGroupMembershipTests {
         #expect(!own.stdout.contains("socket_group_not_joined"), "\(own.stdout)")
     }
 
+    /// An attack round read the PIN as a backend: the PIN file was
+    /// root:clients 0640, and the clients' group was the socket's.
+    @Test("a PIN file readable by a group of the callers (socket_group, allowed_gids) is warned of at --check-config and at start; one of another group is not",
+          .enabled(if: geteuid() == 0, "giving the PIN file to another group needs root"))
+    func pinFileReadableByCallers() throws {
+        let daemon = try DaemonHarness(keyIDs: [])
+        let pin = try CheckConfigTests().pinPath(daemon)
+        #expect(chown(pin, 0, 65534) == 0 && chmod(pin, 0o640) == 0)
+        for (settings, warned) in [(["socket_group": "65534"], true), (["allowed_gids": [65534]], true), (["socket_group": "0"], false)] as [([String: Any], Bool)] {
+            try daemon.writeConfig(settings)
+            let checked = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"])
+            #expect(checked.status == 0, "\(settings): \(checked.stderr)")
+            #expect(checked.stdout.contains("warning: pin_file_readable_by_callers: the PIN file \(pin) may be read by its group, gid 65534") == warned, "\(settings): \(checked.stdout)")
+        }
+        try daemon.writeConfig(["allowed_gids": [65534]])
+        try daemon.start()
+        defer { daemon.stop() }
+        #expect(!daemon.logged { $0.contains("\"pin_file_readable_by_callers\"") }.isEmpty, "logged at start")
+    }
+
     /// `socket_mode "0640"` with a `socket_group` passed --check-config in
     /// silence, and every member of the group was then refused (EACCES).
     @Test("--check-config warns when socket_mode gives socket_group no write bit (connecting needs it), and not for 0660")
