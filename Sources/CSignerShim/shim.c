@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/xattr.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <openssl/bio.h>
@@ -282,4 +283,12 @@ EVP_PKEY *CSignerShim_ec_public_key(const char *group, const unsigned char *poin
         return NULL;
     }
     return key;
+}
+
+int CSignerShim_has_access_acl(const char *path) {
+    ssize_t size = getxattr(path, "system.posix_acl_access", NULL, 0);
+    if (size >= 0) {
+        return size > 0 ? 1 : 0;
+    }
+    return (errno == ENODATA || errno == ENOTSUP) ? 0 : -1;
 }

@@ -144,6 +144,12 @@ final class PKCS11Module: @unchecked Sendable {
             }
             return nil
         }
+        let fix = "not loaded: it and every directory above it must belong to root (or this user) and be writable by no one else"
+        // The directories as written first: when they are safe, no one else
+        // can put a file where a missing one is looked for later.
+        if let problem = PathSafety.unsafeDirectory(above: path) {
+            return "the PKCS#11 module \(path): \(problem); \(fix)"
+        }
         guard let resolved = realpath(path, nil) else {
             let code = errno
             if code == ENOENT || code == ENOTDIR { return nil }  // loading says it is missing
@@ -151,7 +157,6 @@ final class PKCS11Module: @unchecked Sendable {
         }
         let file = String(cString: resolved)
         free(resolved)
-        let fix = "not loaded: it and every directory above it must belong to root (or this user) and be writable by no one else"
         var info = stat()
         if stat(file, &info) == 0 {
             let mode = info.st_mode & 0o7777
@@ -163,7 +168,7 @@ final class PKCS11Module: @unchecked Sendable {
                 return "\(what) may be written by \(mode & mode_t(S_IWOTH) != 0 ? "other users" : "its group"), who could change the code signerd and signctl load; \(fix)"
             }
         }
-        if let problem = PathSafety.unsafeDirectory(above: file) ?? PathSafety.unsafeDirectory(above: path) {
+        if let problem = PathSafety.unsafeDirectory(above: file) {
             return "the PKCS#11 module \(path): \(problem); \(fix)"
         }
         return nil

@@ -1,4 +1,5 @@
 import Glibc
+internal import CSignerShim
 
 /// Checks that no user other than root and this process's can change what
 /// a path leads to, as OpenSSH's `StrictModes` does for `authorized_keys`:
@@ -8,9 +9,11 @@ public enum PathSafety {
     /// The first directory from `/` down to the parent of `path` that
     /// another user could change, described, or nil when there is none.
     /// A directory is safe when it belongs to root or to this process's
-    /// uid, and neither others nor a group other than this process's may
-    /// write it, unless it has the sticky bit (which keeps them from
-    /// renaming or removing what they do not own, as in /tmp). Each
+    /// uid and has the sticky bit (which keeps others from renaming or
+    /// removing what they do not own, as in /tmp), or when others may not
+    /// write it and its group may only if that group is this process's and
+    /// lists no other member, with no access control list (whose mask the
+    /// group bits then are). Each
     /// directory is looked up with `stat(2)`, symbolic links followed; check
     /// a resolved path (`realpath(3)`) as well to cover the directories a
     /// link leads through.
@@ -38,11 +41,33 @@ public enum PathSafety {
         if info.st_uid != 0 && info.st_uid != geteuid() {
             return "\(described) belongs to another user, who could rename or replace what lies below it"
         }
-        let sticky = mode & mode_t(S_ISVTX) != 0
-        let othersWrite = mode & mode_t(S_IWOTH) != 0 || (mode & mode_t(S_IWGRP) != 0 && info.st_gid != getegid())
-        if othersWrite && !sticky {
+        guard mode & mode_t(S_ISVTX) == 0 else { return nil }  // others cannot rename what they do not own
+        if mode & mode_t(S_IWOTH) != 0 {
             return "\(described) may be written by other users without the sticky bit, so they could rename or replace what lies below it"
         }
+        if mode & mode_t(S_IWGRP) != 0 {
+            // With a POSIX ACL the group bits are its mask: a named user or
+            // group may write, whatever the owning group is.
+            if CSignerShim_has_access_acl(directory) != 0 {
+                return "\(described) has an access control list that lets users or groups besides its owner write it (the group bits are its mask), so they could rename or replace what lies below it"
+            }
+            if info.st_gid != getegid() || !groupHasNoOtherMembers(info.st_gid) {
+                return "\(described) may be written by its group, which has other members than this user, so they could rename or replace what lies below it"
+            }
+        }
         return nil
+    }
+
+    /// Whether group `gid` lists no member but this process's user (a user
+    /// private group, or root's group with no one added to it). Users whose
+    /// primary group it is are not listed in `/etc/group` and are not seen.
+    static func groupHasNoOtherMembers(_ gid: gid_t) -> Bool {
+        guard let group = getgrgid(gid), var member = group.pointee.gr_mem else { return true }
+        let own = getpwuid(geteuid()).map { String(cString: $0.pointee.pw_name) }
+        while let name = member.pointee {
+            if String(cString: name) != own { return false }
+            member += 1
+        }
+        return true
     }
 }

@@ -163,6 +163,32 @@ struct CheckConfigTests {
         try daemon.writeConfig(["socket_path": parent + "/sockets/signerd.sock"])
         let below = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
         #expect(below.status == 69 && below.stderr.contains("lies below the directory \(parent) (owner uid 65534") && below.stderr.contains("belongs to another user"), "\(below.stderr)")
+        // Group write: refused for a group with other members than this user
+        // (nogroup here) or through an ACL; allowed for root's own group.
+        let grouped = daemon.directory + "/grouped"
+        try FileManager.default.createDirectory(atPath: grouped, withIntermediateDirectories: false)
+        try daemon.writeConfig(["socket_path": grouped + "/signerd.sock"])
+        func check() -> String { runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf]).stdout }
+        #expect(chown(grouped, 0, 65534) == 0 && chmod(grouped, 0o775) == 0)
+        #expect(check().contains("may be written by its group, which has other members than this user"), "\(check())")
+        #expect(chown(grouped, 0, 0) == 0 && chmod(grouped, 0o775) == 0)
+        #expect(!check().contains("socket_directory_unsafe"), "root's own group, with no other member: \(check())")
+        try grantWriteByACL(grouped, uid: 65534)
+        #expect(check().contains("has an access control list that lets users or groups besides its owner write it"), "\(check())")
+    }
+
+    /// Gives `uid` write access to `directory` with a POSIX ACL
+    /// (`setfacl -m u:UID:rwx`, written as the `system.posix_acl_access`
+    /// attribute by python3, since the acl package is not a dependency).
+    func grantWriteByACL(_ directory: String, uid: UInt32) throws {
+        let script = """
+        import os, struct, sys
+        undefined = 0xFFFFFFFF
+        entries = [(0x01, 7, undefined), (0x02, 7, int(sys.argv[2])), (0x04, 5, undefined), (0x10, 7, undefined), (0x20, 5, undefined)]
+        os.setxattr(sys.argv[1], "system.posix_acl_access", struct.pack("<I", 2) + b"".join(struct.pack("<HHI", *e) for e in entries))
+        """
+        let set = runProgram("/usr/bin/env", ["python3", "-c", script, directory, String(uid)])
+        try #require(set.status == 0, "setting a POSIX ACL: \(set.stderr)")
     }
 
     /// The module check resolved the path with realpath(3) and passed it
@@ -203,6 +229,23 @@ struct CheckConfigTests {
                 #expect(refused.status == 78 && refused.stderr.contains("module_insecure") && refused.stderr.contains(says), "\(arguments): \(refused.stderr)")
             }
         }
+        // A module missing below another user's directory: refused, not left
+        // to the load (which another round won by swapping the directory in).
+        let missing = daemon.directory + "/theirs-missing"
+        try FileManager.default.createDirectory(atPath: missing, withIntermediateDirectories: false)
+        #expect(chown(missing, 65534, 65534) == 0)
+        try daemon.writeConfig(["token_uri": replacingModulePath(daemon.tokenURI, with: missing + "/libsofthsm2.so")])
+        let absent = runProgram(Binaries.signctl, ["--config", daemon.configPath, "keys", "list"], environment: environment)
+        #expect(absent.status == 78 && absent.stderr.contains("module_insecure") && absent.stderr.contains("the directory \(missing) (owner uid 65534"), "\(absent.stderr)")
+        // A root:root directory that a POSIX ACL lets another user write (the
+        // group bits are then the ACL's mask): a third round ran its library as root.
+        let acl = daemon.directory + "/acl-module"
+        try FileManager.default.createDirectory(atPath: acl, withIntermediateDirectories: false)
+        try module.write(to: URL(fileURLWithPath: acl + "/libsofthsm2.so"))
+        try grantWriteByACL(acl, uid: 65534)
+        try daemon.writeConfig(["token_uri": replacingModulePath(daemon.tokenURI, with: acl + "/libsofthsm2.so")])
+        let aclRefused = runProgram(Binaries.signerd, ["--config", daemon.configPath, "--check-config"], environment: environment)
+        #expect(aclRefused.status == 78 && aclRefused.stderr.contains("the directory \(acl) (") && aclRefused.stderr.contains("has an access control list"), "\(aclRefused.stderr)")
         // A root-owned directory and module below a directory another user owns.
         let theirs = daemon.directory + "/theirs-module"
         try FileManager.default.createDirectory(atPath: theirs + "/lib", withIntermediateDirectories: true)

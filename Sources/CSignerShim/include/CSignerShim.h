@@ -27,6 +27,12 @@ int CSignerShim_disable_core_dumps(void);
 /// Whether the process is dumpable (`prctl(PR_GET_DUMPABLE)`), for tests.
 int CSignerShim_is_dumpable(void);
 
+/// Whether `path` carries an extended POSIX access ACL (the
+/// `system.posix_acl_access` attribute, `getxattr(2)` of `<sys/xattr.h>`,
+/// which Swift's Glibc module does not import): 1 yes, 0 no, -1 with errno
+/// set when it cannot be read.
+int CSignerShim_has_access_acl(const char *path);
+
 /// A log callback receiving a formatted, NUL-terminated message.
 /// Holds SIGINT, SIGTERM, SIGHUP and SIGQUIT (process-wide, `sigaction`):
 /// the first one that arrives is remembered and a note is written to
