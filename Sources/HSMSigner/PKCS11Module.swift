@@ -112,6 +112,11 @@ final class PKCS11Module: @unchecked Sendable {
     static func acquire(path: String) throws(HSMError) -> PKCS11Module {
         let module: PKCS11Module = try registry.withLock { (modules) throws(HSMError) -> PKCS11Module in
             if let existing = modules[path] { return existing }
+            // A module missing now is not loaded later: in a sticky directory
+            // (/var/tmp) any user could put a file there after the check.
+            if path.hasPrefix("/"), access(path, F_OK) != 0 {
+                throw HSMError(.moduleNotFound, "the PKCS#11 module \(path) cannot be found: \(String(cString: strerror(errno)))")
+            }
             if let problem = insecurity(ofModule: path) {
                 throw HSMError(.moduleInsecure, problem)
             }
@@ -151,9 +156,8 @@ final class PKCS11Module: @unchecked Sendable {
             return "the PKCS#11 module \(path): \(problem); \(fix)"
         }
         guard let resolved = realpath(path, nil) else {
-            let code = errno
-            if code == ENOENT || code == ENOTDIR { return nil }  // loading says it is missing
-            return "the PKCS#11 module \(path) cannot be resolved to check who may change it (\(String(cString: strerror(code)))): not loaded"
+            // Missing included: a file made after the check would not be checked.
+            return "the PKCS#11 module \(path) cannot be resolved to check who may change it (\(String(cString: strerror(errno)))): not loaded"
         }
         let file = String(cString: resolved)
         free(resolved)

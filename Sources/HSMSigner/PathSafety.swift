@@ -19,8 +19,9 @@ public enum PathSafety {
     /// link leads through.
     /// - Parameter path: an absolute path.
     /// - Returns: "the directory D (owner uid U, group gid G, mode M) …",
-    ///   saying who may change it; nil when every directory is safe or
-    ///   `path` is not absolute.
+    ///   saying who may change it, or that it is missing (a directory made
+    ///   after the check is not checked); nil when every directory is safe
+    ///   or `path` is not absolute.
     public static func unsafeDirectory(above path: String) -> String? {
         guard path.hasPrefix("/") else { return nil }
         let components = path.split(separator: "/", omittingEmptySubsequences: true).dropLast()
@@ -35,7 +36,11 @@ public enum PathSafety {
     /// Why another user could change entries of `directory`, or nil.
     static func problem(directory: String) -> String? {
         var info = stat()
-        guard stat(directory, &info) == 0 else { return nil }  // the caller's own open or bind says why
+        // A directory missing now could be made by anyone allowed to write
+        // its parent (in a sticky one, /var/tmp, by any user) after the check.
+        guard stat(directory, &info) == 0 else {
+            return "the directory \(directory) cannot be checked (\(String(cString: strerror(errno))))"
+        }
         let mode = info.st_mode & 0o7777
         let described = "the directory \(directory) (owner uid \(info.st_uid), group gid \(info.st_gid), mode \(String(mode, radix: 8)))"
         if info.st_uid != 0 && info.st_uid != geteuid() {

@@ -178,7 +178,7 @@ func runDaemon() -> Never {
             print("warning: socket_directory_missing: \(problem): binding the socket will fail with exit 69 unless it is made first "
                 + "(\(socketDirectoryHint(configuration.socketPath)))")
         }
-        if let problem = UnixListener.unsafeDirectory(of: configuration.socketPath) {
+        if socketDirectoryProblem(configuration.socketPath) == nil, let problem = UnixListener.unsafeDirectory(of: configuration.socketPath) {
             print("warning: socket_directory_unsafe: \(problem): binding the socket itself (without signerd.socket) will fail with exit 69")
         }
         if let group = configuration.socketGroup, !UnixListener.mayGiveSocket(toGroup: group) {

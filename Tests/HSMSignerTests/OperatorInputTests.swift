@@ -134,3 +134,24 @@ struct OperatorKeyCountTests {
         #expect(try ECPrivateKeyMaterial(contentsOf: first.pkcs8Apple).publicKey == ECPublicKey(pem: first.publicKeyPEM))
     }
 }
+
+/// A fourth attack round renamed a library into /var/tmp (sticky) between
+/// the module check, which passed a path that did not exist yet, and
+/// p11-kit's load: the library ran as root.
+@Suite("PathSafety and the module check: nothing missing passes")
+struct MissingPathTests {
+    @Test("a module path that does not exist, or lies below a directory that does not, is refused by the check itself, not left to the load")
+    func missingModuleRefused() throws {
+        let sticky = TemporaryDirectory.make(prefix: "signerd-sticky")
+        #expect(chmod(sticky, 0o1777) == 0)
+        for path in [sticky + "/libnotyet.so", sticky + "/notyet/lib.so"] {
+            let problem = PKCS11Module.insecurity(ofModule: path)
+            #expect(problem?.contains("cannot be") == true, "\(path): \(String(describing: problem))")
+        }
+        #expect(PathSafety.unsafeDirectory(above: sticky + "/notyet/signerd.sock")?.contains("the directory \(sticky)/notyet cannot be checked") == true)
+        // What exists and is root's (or ours), below safe directories, passes.
+        let file = sticky + "/present.so"
+        #expect(FileManager.default.createFile(atPath: file, contents: Data([0x7F, 0x45, 0x4C, 0x46]), attributes: [.posixPermissions: 0o755]))
+        #expect(PKCS11Module.insecurity(ofModule: file) == nil, "\(String(describing: PKCS11Module.insecurity(ofModule: file)))")
+    }
+}
