@@ -107,6 +107,17 @@ public struct Logger: Sendable {
     ///   - metadata: dotted keys and their values, in order.
     public func log(_ level: LogLevel, _ message: String, _ metadata: KeyValuePairs<String, LogValue> = [:]) {
         guard level >= minimumLevel else { return }
+        log(level, message, fields: metadata.map { ($0.key, $0.value) })
+    }
+
+    /// Writes one line whose metadata was put together at run time (a
+    /// field present only in some cases); see ``log(_:_:_:)``.
+    /// - Parameters:
+    ///   - level: the severity.
+    ///   - message: a constant describing the event (`token_open_failed`).
+    ///   - fields: dotted keys and their values, in order.
+    public func log(_ level: LogLevel, _ message: String, fields metadata: [(key: String, value: LogValue)]) {
+        guard level >= minimumLevel else { return }
         if let events {
             events(level, message, metadata.map { ($0.key, $0.value) })
             return

@@ -92,12 +92,16 @@ public enum SoftHSMFiles {
         }
         let owners = Array(Set(unreadable.map(\.uid))).sorted()
         return what + "SoftHSM keeps each token readable by the user that made it: run as that user (runuser -u \(userName(owners[0])) -- …)"
-            + (owners.count > 1 ? "; these tokens belong to \(owners.map(userName).joined(separator: ", "))" : "")
+            + (owners.count > 1 ? "; these tokens belong to \(owners.map { userName($0) }.joined(separator: ", "))" : "")
     }
 
-    /// The name of `uid`, or `uid N` when it has none.
-    static func userName(_ uid: uid_t) -> String {
-        getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? "uid \(uid)"
+    /// The user name of `uid` (`getpwuid(3)`), or `uid N` when it has none
+    /// (`N` alone with `bare`, as `runuser -u` takes it).
+    /// - Parameters:
+    ///   - uid: the user ID.
+    ///   - bare: give the number alone when there is no name.
+    public static func userName(_ uid: uid_t, bare: Bool = false) -> String {
+        getpwuid(uid).map { String(cString: $0.pointee.pw_name) } ?? (bare ? String(uid) : "uid \(uid)")
     }
 
     /// Why logging in to SoftHSM under a file size limit of `limit` bytes

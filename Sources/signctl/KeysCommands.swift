@@ -71,12 +71,18 @@ func pkcs11FailureHint(function: String?) -> String {
 
 /// Opens the token of the configuration; signctl logs only warnings and worse.
 func openToken(configPath: String) throws -> HSMToken {
-    let config = try loadConfiguration(configPath)
+    try openToken(loadConfiguration(configPath), configPath: configPath, options: operatorTokenOptions())
+}
+
+/// The token options of signctl's commands: two sessions, warnings for a
+/// person (``operatorLogger()``), and the last PIN try kept unless
+/// `--final-try` was given.
+func operatorTokenOptions() -> TokenOptions {
     var options = TokenOptions()
     options.sessionPoolSize = 2
     options.logger = operatorLogger()
     options.loginOnFinalTry = loginOnFinalTry
-    return try openToken(config, configPath: configPath, options: options)
+    return options
 }
 
 /// The token's warnings for a person at a terminal, as signctl writes its
@@ -93,12 +99,13 @@ func operatorLogger() -> Logger {
     }
 }
 
-/// Opens the token of the configuration for a command that writes to it
+/// Opens the token of `config` for a command that writes to it
 /// (`keys import`, `keys delete`, `token change-pin`), after
-/// ``refuseRootOnOthersSoftHSMTokens(configPath:)``.
-func openTokenForWriting(configPath: String) throws -> HSMToken {
-    try refuseRootOnOthersSoftHSMTokens(configPath: configPath)
-    return try openToken(configPath: configPath)
+/// ``refuseRootOnOthersSoftHSMTokens(module:rerun:)``.
+func openTokenForWriting(_ config: SignerConfiguration, configPath: String) throws -> HSMToken {
+    let uri = try PKCS11URI(config.tokenURI)
+    try refuseRootOnOthersSoftHSMTokens(module: uri.modulePath ?? uri.moduleName, rerun: "signctl --config \(configPath) …")
+    return try openToken(config, configPath: configPath, options: operatorTokenOptions())
 }
 
 /// Refuses to write, as root, to SoftHSM token directories another user
@@ -109,15 +116,10 @@ func openTokenForWriting(configPath: String) throws -> HSMToken {
 /// Only for SoftHSM (the module's file name says so), whose token
 /// directory is `directories.tokendir` of `SOFTHSM2_CONF` (or
 /// /etc/softhsm/softhsm2.conf).
+/// - Parameters:
+///   - module: the PKCS#11 module of the token URI or `--module`.
+///   - rerun: the command line the hint shows after `runuser -u USER --`.
 /// - Throws: ``CommandFailure`` (exit 77) naming the owner and how to run as it.
-func refuseRootOnOthersSoftHSMTokens(configPath: String) throws {
-    guard geteuid() == 0 else { return }
-    let uri = try PKCS11URI(try loadConfiguration(configPath).tokenURI)
-    try refuseRootOnOthersSoftHSMTokens(module: uri.modulePath ?? uri.moduleName, rerun: "signctl --config \(configPath) …")
-}
-
-/// The check of ``refuseRootOnOthersSoftHSMTokens(configPath:)`` for the
-/// PKCS#11 module `module`; `rerun` is the command line the hint shows.
 func refuseRootOnOthersSoftHSMTokens(module: String?, rerun: String) throws {
     guard geteuid() == 0, let tokenDirectory = SoftHSMFiles.tokenDirectory(module: module) else { return }
     let entries = ((try? FileManager.default.contentsOfDirectory(atPath: tokenDirectory)) ?? []).sorted()
@@ -129,14 +131,16 @@ func refuseRootOnOthersSoftHSMTokens(module: String?, rerun: String) throws {
         owned.append((path, info.st_uid))
     }
     guard let first = owned.first else { return }
-    func name(_ uid: uid_t) -> String? { getpwuid(uid).map { String(cString: $0.pointee.pw_name) } }
     var owners: [uid_t] = []
     for entry in owned where !owners.contains(entry.uid) { owners.append(entry.uid) }
-    let described = owners.map { uid in "uid \(uid)\(name(uid).map { " (\($0))" } ?? "")" }.joined(separator: ", ")
+    let described = owners.map { uid in
+        let name = SoftHSMFiles.userName(uid, bare: true)
+        return name == String(uid) ? "uid \(uid)" : "uid \(uid) (\(name))"
+    }.joined(separator: ", ")
     // In a directory several users share, the hint prefers signerd's own user.
-    let runAs = owners.first { name($0) == "signerd" } ?? first.uid
+    let runAs = owners.first { SoftHSMFiles.userName($0) == "signerd" } ?? first.uid
     throw CommandFailure(.noPermission, "signctl runs as root, but SoftHSM's token directory \(first.path) belongs to \(owners.count == 1 ? described : "another user (the directories in \(tokenDirectory) belong to \(described))"): SoftHSM writes each object as a file of the writer's own, so what root writes there only root can read, and signerd would not see it; nothing was changed",
-                         hint: "run signctl as the user signerd runs as: runuser -u \(name(runAs) ?? String(runAs)) -- \(rerun)")
+                         hint: "run signctl as the user signerd runs as: runuser -u \(SoftHSMFiles.userName(runAs, bare: true)) -- \(rerun)")
 }
 
 /// `token`, checked to be still in storage when a file size limit
@@ -270,13 +274,14 @@ func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
     // C_SetPIN would take the PIN the token has already: refused here, before
     // any login, as the file's fault (a PIN source signctl cannot read is
     // left to openToken, which says why).
-    let uri = try PKCS11URI(try loadConfiguration(configPath).tokenURI)
+    let config = try loadConfiguration(configPath)
+    let uri = try PKCS11URI(config.tokenURI)
     if let current = try? uri.readPIN(), current.hasSameBytes(as: newPIN) {
         let source = uri.pinSource.flatMap(PKCS11URI.pinFilePath).map { "the PIN file \($0)" } ?? "the pin-value"
         throw CommandFailure(.dataError, "the new PIN (--new-pin-file \(newPINFile)) is the same as the current one, from \(source) that token_uri of \(configPath) names; nothing was sent to the token",
                              hint: "write the new PIN, different from the current one, into \(newPINFile)")
     }
-    let token = try openTokenForWriting(configPath: configPath)
+    let token = try openTokenForWriting(config, configPath: configPath)
     defer { token.close() }
     try ProcessControl.holdingTerminationSignals { try token.changeUserPIN(to: newPIN) }
     // Read back from storage: SoftHSM answers C_SetPIN with CKR_OK when it
@@ -321,7 +326,7 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
                          hint: "leave out --key-id to use \(nameKeyID), or add --force-key-id if the file was renamed")
     }
     let material = try ECPrivateKeyMaterial(contentsOf: path)
-    let token = try openTokenForWriting(configPath: configPath)
+    let token = try openTokenForWriting(loadConfiguration(configPath), configPath: configPath)
     defer { token.close() }
     // key_exists would say "pass --replace" about a key that signs nothing.
     if !arguments.flag("replace"), try token.publicKeyOnlyIDs().contains(keyID) {
@@ -465,7 +470,7 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         guard arguments.flag("yes") else {
             throw UsageError("deleting incomplete key objects cannot be undone", hint: "add --yes to confirm")
         }
-        let token = try openTokenForWriting(configPath: configPath)
+        let token = try openTokenForWriting(loadConfiguration(configPath), configPath: configPath)
         defer { token.close() }
         let removed = try ProcessControl.holdingTerminationSignals { try token.deleteIncompleteKeyObjects() }
         print(removed == 0 ? "no incomplete key objects on token \(token.label)"
@@ -476,7 +481,7 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     guard arguments.flag("yes") else {
         throw UsageError("deleting \(keyID) cannot be undone", hint: "add --yes to confirm")
     }
-    let token = try openTokenForWriting(configPath: configPath)
+    let token = try openTokenForWriting(loadConfiguration(configPath), configPath: configPath)
     defer { token.close() }
     let removed = try ProcessControl.holdingTerminationSignals { try token.deleteKey(keyID: keyID) }
     print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")

@@ -140,8 +140,9 @@ func loadConfiguration(_ path: String) throws -> SignerConfiguration {
         // A file that was read and refused needs fixing, not another --config.
         var info = stat()
         let exists = stat(path, &info) == 0
-        let source = CommandLine.arguments.contains(where: { $0 == "--config" || $0.hasPrefix("--config=") }) ? "--config"
-            : ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] != nil ? "SIGNERD_CONFIG" : "the default"
+        // Where splitGlobalOptions took the path from: --config wins over SIGNERD_CONFIG over the default.
+        let environment = ProcessInfo.processInfo.environment["SIGNERD_CONFIG"]
+        let source = path == environment ? "SIGNERD_CONFIG" : path == SignerConfiguration.defaultPath ? "the default" : "--config"
         let hint: String
         if !exists {
             hint = "no file at \(path) (from \(source)): pass --config FILE (or set SIGNERD_CONFIG); the default is \(SignerConfiguration.defaultPath)"

@@ -24,8 +24,13 @@ Exit codes: 0 ok, 64 usage, 69 token or socket unavailable, 77 PIN refused, 78 c
 """
 
 func fail(_ code: ExitCode, _ message: String, logger: Logger? = nil, _ metadata: KeyValuePairs<String, LogValue> = [:]) -> Never {
+    fail(code, message, logger: logger, fields: metadata.map { ($0.key, $0.value) })
+}
+
+/// ``fail(_:_:logger:_:)`` with metadata put together at run time.
+func fail(_ code: ExitCode, _ message: String, logger: Logger?, fields: [(key: String, value: LogValue)]) -> Never {
     if let logger {
-        logger.critical(message, metadata)
+        logger.log(.critical, message, fields: fields)
     } else {
         FileHandle.standardError.write(Data("error: \(message)\n".utf8))
     }
@@ -229,12 +234,10 @@ func runDaemon() -> Never {
             hint = nil
         }
         // p11.rv only when a PKCS#11 call failed (not for a PIN file signerd refused itself).
-        switch (error.returnValue, hint) {
-        case let (rv?, hint?): fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(rv.name), "hint": .string(hint)])
-        case let (rv?, nil): fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "p11.rv": .string(rv.name)])
-        case let (nil, hint?): fail(code, "token_open_failed", logger: logger, ["error": .string(error.description), "hint": .string(hint)])
-        case (nil, nil): fail(code, "token_open_failed", logger: logger, ["error": .string(error.description)])
-        }
+        var fields: [(key: String, value: LogValue)] = [("error", .string(error.description))]
+        if let rv = error.returnValue { fields.append(("p11.rv", .string(rv.name))) }
+        if let hint { fields.append(("hint", .string(hint))) }
+        fail(code, "token_open_failed", logger: logger, fields: fields)
     }
 
     // Prove every configured key signs before telling systemd we are ready.
@@ -253,11 +256,9 @@ func runDaemon() -> Never {
             socketActivated = false
         }
     } catch {
-        if socketDirectoryProblem(configuration.socketPath) != nil {
-            fail(.unavailable, "socket_bind_failed", logger: logger, ["socket.path": .string(configuration.socketPath), "error": .string(error.message),
-                                                                      "hint": .string(socketDirectoryHint(configuration.socketPath))])
-        }
-        fail(.unavailable, "socket_bind_failed", logger: logger, ["socket.path": .string(configuration.socketPath), "error": .string(error.message)])
+        var fields: [(key: String, value: LogValue)] = [("socket.path", .string(configuration.socketPath)), ("error", .string(error.message))]
+        if socketDirectoryProblem(configuration.socketPath) != nil { fields.append(("hint", .string(socketDirectoryHint(configuration.socketPath)))) }
+        fail(.unavailable, "socket_bind_failed", logger: logger, fields: fields)
     }
     let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
     // Recognized at shutdown: a file someone put at the path later is not removed.
