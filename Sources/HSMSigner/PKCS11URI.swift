@@ -126,8 +126,10 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     /// - Returns: the PIN in a wiped buffer.
     /// - Throws: ``HSMError/Code/pinSourceUnreadable``;
     ///   ``HSMError/Code/pinSourceInsecure`` when the file is readable or
-    ///   writable by other users, writable by its group, or owned by
-    ///   someone other than root and this process's effective uid.
+    ///   writable by other users, writable by its group, owned by
+    ///   someone other than root and this process's effective uid, or below
+    ///   a directory another user could change
+    ///   (``PathSafety/unsafeDirectory(aboveWrittenOrResolved:)``).
     public func readPIN() throws(HSMError) -> SecureBytes {
         if let value = p11_kit_uri_get_pin_value(uri) {
             return SecureBytes(copying: UnsafeRawBufferPointer(start: value, count: strlen(value)))
@@ -254,6 +256,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
             var error = HSMError(.pinSourceInsecure, "the PIN file \(path) belongs to uid \(info.st_uid), neither root nor this process's uid \(geteuid()), so that user could change the PIN sent; chown it to root or to the user signerd runs as")
             error.fileOwner = UInt32(info.st_uid)
             throw error
+        }
+        if let problem = PathSafety.unsafeDirectory(aboveWrittenOrResolved: path) {
+            throw HSMError(.pinSourceInsecure, "the PIN file \(path) lies below \(problem): that user could swap the file for one holding another PIN, and wrong PINs lock the token; keep it in a directory only root or this user may change, such as /etc/signerd")
         }
         let maximum = 256
         let pin = SecureBytes(capacity: maximum) { buffer in

@@ -12,7 +12,7 @@ public enum PathSafety {
     /// uid and has the sticky bit (which keeps others from renaming or
     /// removing what they do not own, as in /tmp), or when others may not
     /// write it and its group may only if that group is this process's and
-    /// lists no other member, with no access control list (whose mask the
+    /// has no other member (none listed, no other user with it as primary group), with no access control list (whose mask the
     /// group bits then are). Each
     /// directory is looked up with `stat(2)`, symbolic links followed; check
     /// a resolved path (`realpath(3)`) as well to cover the directories a
@@ -63,16 +63,60 @@ public enum PathSafety {
         return nil
     }
 
-    /// Whether group `gid` lists no member but this process's user (a user
-    /// private group, or root's group with no one added to it). Users whose
-    /// primary group it is are not listed in `/etc/group` and are not seen.
-    static func groupHasNoOtherMembers(_ gid: gid_t) -> Bool {
-        guard let group = getgrgid(gid), var member = group.pointee.gr_mem else { return true }
-        let own = getpwuid(geteuid()).map { String(cString: $0.pointee.pw_name) }
-        while let name = member.pointee {
-            if String(cString: name) != own { return false }
-            member += 1
+    /// The first directory another user could change above `path` as
+    /// written (made absolute against the working directory), then above
+    /// where it leads after symbolic links (`realpath(3)`), described as
+    /// ``unsafeDirectory(above:)`` describes it; nil when both are safe. A
+    /// path that cannot be resolved is left to the caller's own open, which
+    /// then fails.
+    /// - Parameter path: a file path, absolute or relative.
+    /// - Returns: a sentence naming the directory, its owner and mode.
+    public static func unsafeDirectory(aboveWrittenOrResolved path: String) -> String? {
+        var written = path
+        if !path.hasPrefix("/"), let cwd = getcwd(nil, 0) {
+            written = String(cString: cwd) + "/" + path
+            free(cwd)
         }
-        return true
+        if let problem = unsafeDirectory(above: written) { return problem }
+        guard let resolved = realpath(path, nil) else { return nil }
+        defer { free(resolved) }
+        return unsafeDirectory(above: String(cString: resolved))
+    }
+
+    /// Whether group `gid` has no member but this process's user: no user
+    /// listed in it in the group database (`getgrgid(3)`) and no other user
+    /// whose primary group it is in the user database (`getpwent_r(3)`)
+    /// (a user private group, or root's group with no one added to it).
+    static func groupHasNoOtherMembers(_ gid: gid_t) -> Bool {
+        let own = getpwuid(geteuid()).map { String(cString: $0.pointee.pw_name) }
+        if let group = getgrgid(gid), var member = group.pointee.gr_mem {
+            while let name = member.pointee {
+                if String(cString: name) != own { return false }
+                member += 1
+            }
+        }
+        return !primaryGroupUsers(gid).contains { $0 != geteuid() }
+    }
+
+    /// The uids of every user whose primary group is `gid`, from the user
+    /// database (`setpwent(3)`, `getpwent_r(3)`; `/etc/passwd` and whatever
+    /// else NSS lists). Called at start, not per request.
+    static func primaryGroupUsers(_ gid: gid_t) -> [uid_t] {
+        var uids: [uid_t] = []
+        var entry = passwd()
+        var buffer = [CChar](repeating: 0, count: 4096)
+        var result: UnsafeMutablePointer<passwd>?
+        setpwent()
+        defer { endpwent() }
+        while true {
+            let status = getpwent_r(&entry, &buffer, buffer.count, &result)
+            if status == ERANGE && buffer.count < 1 << 20 {
+                buffer = [CChar](repeating: 0, count: buffer.count * 2)
+                continue
+            }
+            guard status == 0, let found = result else { break }
+            if found.pointee.pw_gid == gid { uids.append(found.pointee.pw_uid) }
+        }
+        return uids
     }
 }

@@ -203,7 +203,10 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// user's file) is not.
     /// - Parameter path: the JSON file (symbolic links followed).
     /// - Throws: ``ConfigurationError`` naming the key at fault, or the file's
-    ///   problem (``checkFile(_:path:)``; larger than 4 MiB; unreadable).
+    ///   problem (``checkFile(_:path:)``; a directory above it, as written or
+    ///   after symbolic links, that another user could change
+    ///   (``PathSafety/unsafeDirectory(aboveWrittenOrResolved:)``); larger
+    ///   than 4 MiB; unreadable).
     public static func load(path: String) throws(ConfigurationError) -> SignerConfiguration {
         // O_NONBLOCK: a FIFO at the path must not wait for a writer.
         let fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK)
@@ -216,6 +219,9 @@ public struct SignerConfiguration: Sendable, Equatable {
             throw ConfigurationError("cannot read the configuration file \(path): \(String(cString: strerror(errno)))")
         }
         try checkFile(info, path: path)
+        if let problem = PathSafety.unsafeDirectory(aboveWrittenOrResolved: path) {
+            throw ConfigurationError("the configuration file \(path) lies below \(problem); the file chooses the PKCS#11 module loaded and who may call, so keep it in a directory only root or this user may change, such as /etc/signerd")
+        }
         let limit = 4 << 20
         guard info.st_size <= limit else {
             throw ConfigurationError("the configuration file \(path) is \(info.st_size) bytes; a configuration is at most \(limit) bytes")

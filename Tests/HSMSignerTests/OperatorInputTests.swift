@@ -155,3 +155,43 @@ struct MissingPathTests {
         #expect(PKCS11Module.insecurity(ofModule: file) == nil, "\(String(describing: PKCS11Module.insecurity(ofModule: file)))")
     }
 }
+
+/// The configuration file and the PIN file were checked for their own owner
+/// and mode, but not for the directories above them: another user who may
+/// write one could swap the file (a configuration naming their module, a PIN
+/// file with wrong PINs that lock the token).
+@Suite("PathSafety: the PIN file's directories, and users whose primary group it is")
+struct PINDirectoryTests {
+    @Test("a PIN file below a directory others may write (no sticky bit), directly or through a link, is pin_source_insecure; below a sticky one it is read")
+    func pinBelowWritableDirectory() throws {
+        let base = TemporaryDirectory.make(prefix: "signerd-pindir")
+        let open = base + "/open"
+        #expect(mkdir(open, 0o700) == 0 && chmod(open, 0o777) == 0 && mkdir(open + "/inner", 0o700) == 0)
+        try writeSecretFile(open + "/inner/pin", "s3cret\n")
+        // As written, the link's path passes (stat follows it to a 0700
+        // directory); after symbolic links it lies below the open one.
+        let link = base + "/via-link"
+        #expect(symlink(open + "/inner", link) == 0)
+        for path in [open + "/inner/pin", link + "/pin"] {
+            let error = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(path)").readPIN() }
+            #expect(error?.code == .pinSourceInsecure)
+            #expect(error?.message.contains("lies below the directory \(open) (owner uid \(geteuid())") == true, "\(error?.message ?? "no error")")
+            #expect(error?.message.contains("may be written by other users without the sticky bit") == true, "\(error?.message ?? "no error")")
+            #expect(error?.message.contains("s3cret") == false)
+        }
+        #expect(chmod(open, 0o1777) == 0)
+        #expect(try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(link)/pin").readPIN().count == 6)
+    }
+
+    @Test("a group is not this user's alone when another user has it as primary group (nobody's nogroup), though /etc/group lists no member",
+          .enabled(if: getpwnam("nobody")?.pointee.pw_gid == 65534 && geteuid() != 65534, "needs Debian's nobody user with primary group 65534, run as another user"))
+    func primaryGroupMembers() throws {
+        #expect(getgrgid(65534)?.pointee.gr_mem?.pointee == nil, "nogroup lists a member in /etc/group, so this test would not show the primary-group check")
+        #expect(PathSafety.primaryGroupUsers(65534).contains(65534))
+        #expect(!PathSafety.groupHasNoOtherMembers(65534))
+        // This user's own entry is enumerated too, and does not count against it.
+        if let own = getpwuid(geteuid()) {
+            #expect(PathSafety.primaryGroupUsers(own.pointee.pw_gid).contains(geteuid()))
+        }
+    }
+}

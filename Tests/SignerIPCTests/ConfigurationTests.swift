@@ -312,3 +312,27 @@ struct ConfigurationFileKindTests {
         #expect(error?.message == "the configuration file \(fifo) is not a regular file (it is a FIFO (named pipe)); pass a JSON file", "\(error?.message ?? "no error")")
     }
 }
+
+/// The configuration file's own owner and mode were checked, not the
+/// directories above it: another user who may write one could put a file
+/// naming their own PKCS#11 module in its place.
+@Suite("Configuration file below a directory another user may change")
+struct ConfigurationDirectoryTests {
+    @Test("a configuration below a directory others may write without the sticky bit is refused, as written and after symbolic links; below a sticky one it loads")
+    func belowWritableDirectory() throws {
+        let base = TemporaryDirectory.make(prefix: "signerd-confdir-open")
+        let open = base + "/open"
+        #expect(mkdir(open, 0o700) == 0 && chmod(open, 0o777) == 0 && mkdir(open + "/inner", 0o700) == 0)
+        let file = open + "/inner/signerd.json"
+        #expect(FileManager.default.createFile(atPath: file, contents: Data("{\"token_uri\": \"\(ConfigurationTests.uri)\"}".utf8), attributes: [.posixPermissions: 0o644]))
+        let link = base + "/via-link"
+        #expect(symlink(open + "/inner", link) == 0)
+        for path in [file, link + "/signerd.json"] {
+            let error = #expect(throws: ConfigurationError.self) { try SignerConfiguration.load(path: path) }
+            #expect(error?.message.hasPrefix("the configuration file \(path) lies below the directory \(open) (owner uid \(geteuid())") == true, "\(error?.message ?? "no error")")
+            #expect(error?.message.contains("may be written by other users without the sticky bit") == true, "\(error?.message ?? "no error")")
+        }
+        #expect(chmod(open, 0o1777) == 0)
+        #expect(try SignerConfiguration.load(path: link + "/signerd.json").tokenURI == ConfigurationTests.uri)
+    }
+}
