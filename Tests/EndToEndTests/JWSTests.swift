@@ -318,9 +318,8 @@ struct JWSTests {
         }
         let token = try daemon.signctl(["sign", "advanced-commerce-request", "--bundle-id", "com.example.app", "--request", #"{"price":4990,"sku":"ä"}"#])
             .trimmingCharacters(in: .whitespacesAndNewlines)
-        let decoded = try CompactJWS.decode(token)
-        let claims = try JSONSerialization.jsonObject(with: Data(decoded.claims.utf8)) as? [String: Any]
-        let request = try #require(claims?["request"] as? String)
+        let claims = try decodeAndVerify(token).claims
+        let request = try #require(claims["request"] as? String)
         #expect(String(decoding: try #require(Data(base64Encoded: request)), as: UTF8.self) == #"{"price":4990,"sku":"ä"}"#)
     }
 }

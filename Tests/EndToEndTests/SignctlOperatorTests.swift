@@ -906,15 +906,14 @@ struct SignctlHintTests {
     }
 
     /// `verify … --public-key /nonexistent` said only "cannot read the public key".
-    @Test("verify says why --public-key cannot be read: no such file, a directory, permission denied (65)")
+    @Test("verify says why --public-key cannot be read: no such file, a directory (65)")
     func publicKeyUnreadable() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-pubkey")
         chmod(directory, 0o755)
         let offer = ["verify", "promotional-offer", "--bundle-id", "com.example.app", "--key-id", "ABC123DEFG", "--product-id", "p", "--offer-id", "o",
                      "--nonce", "5e3f1c2a-9b4d-4e6f-8a7b-1c2d3e4f5a6b", "--timestamp", "1790800914034", "--signature", "MEUCIQ=="]
-        func verify(_ path: String, jws: Bool, unprivileged: Bool = false) -> (status: Int32, stdout: String, stderr: String) {
-            let arguments = jws ? ["verify", "jws", "e30.e30.AA", "--public-key", path] : offer + ["--public-key", path]
-            return unprivileged ? SignctlHintTests.runSignctlUnprivileged(arguments) : runSignctl(arguments)
+        func verify(_ path: String, jws: Bool) -> (status: Int32, stdout: String, stderr: String) {
+            runSignctl(jws ? ["verify", "jws", "e30.e30.AA", "--public-key", path] : offer + ["--public-key", path])
         }
         for jws in [false, true] {
             let missing = verify(directory + "/absent.pem", jws: jws)
@@ -924,11 +923,16 @@ struct SignctlHintTests {
             #expect(folder.status == 65, "\(folder.stderr)")
             #expect(folder.stderr.hasPrefix("error: cannot read the public key \(directory): it is a directory, not a file"), "\(folder.stderr)")
         }
-        // Another user's 0600 file: only as root, through uid 65534.
-        guard getuid() == 0, SignctlHintTests.unprivilegedCallerAvailable else { return }
+    }
+
+    @Test("verify says permission denied for a --public-key file this user may not read (65)",
+          .enabled(if: getuid() == 0 && SignctlHintTests.unprivilegedCallerAvailable, "needs root with setpriv(1), to read another user's 0600 file as uid 65534"))
+    func publicKeyPermissionDenied() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-pubkey-denied")
+        chmod(directory, 0o755)
         let secret = directory + "/private.pem"
         try writeSecretFile(secret, try TestKeyFiles.make().publicKeyPEM)
-        let denied = verify(secret, jws: true, unprivileged: true)
+        let denied = SignctlHintTests.runSignctlUnprivileged(["verify", "jws", "e30.e30.AA", "--public-key", secret])
         #expect(denied.status == 65, "\(denied.stderr)")
         #expect(denied.stderr.hasPrefix("error: cannot read the public key \(secret): Permission denied"), "\(denied.stderr)")
     }

@@ -10,7 +10,9 @@ struct CompactJWSTests {
         #expect(CompactJWS.header(keyID: "ABC123DEFG") == #"{"alg":"ES256","kid":"ABC123DEFG","typ":"JWT"}"#)
         let claims: [String: ClaimValue] = ["iss": .string("i"), "iat": .integer(1_790_800_914), "allowIntroductoryOffer": .bool(false), "bid": .string("com.exämple\"app")]
         #expect(CompactJWS.claimsJSON(claims) == #"{"allowIntroductoryOffer":false,"bid":"com.exämple\"app","iat":1790800914,"iss":"i"}"#)
-        #expect(CompactJWS.signingInput(keyID: "K", claims: claims) == CompactJWS.signingInput(keyID: "K", claims: claims))
+        // RFC 7515 §7.1: BASE64URL(header) "." BASE64URL(payload), from the exact texts above.
+        #expect(CompactJWS.signingInput(keyID: "K", claims: claims)
+                == Base64URL.encode(Array(#"{"alg":"ES256","kid":"K","typ":"JWT"}"#.utf8)) + "." + Base64URL.encode(Array(#"{"allowIntroductoryOffer":false,"bid":"com.exämple\"app","iat":1790800914,"iss":"i"}"#.utf8)))
     }
 
     @Test("base64url: no padding, URL alphabet, round trip; standard Base64 refused", arguments: 0..<40)
@@ -77,7 +79,8 @@ struct CompactJWSTests {
             let error = #expect(throws: JWSError.self) { try CompactJWS.decode(token) }
             #expect(error?.code == code, "\(token)")
         }
-        #expect(throws: JWSError.self) { try CompactJWS.assemble(signingInput: "a.b", rawSignature: Array(raw.prefix(63))) }
+        let short = #expect(throws: JWSError.self) { try CompactJWS.assemble(signingInput: "a.b", rawSignature: Array(raw.prefix(63))) }
+        #expect(short?.code == "jws_signature_length")
     }
 
     @Test("decode takes only UTF-8 JSON: UTF-16, a byte-order mark or a trailing comma is jws_json, a comma in a string is not")

@@ -51,8 +51,13 @@ struct SessionFaultTests {
     func otherSessionFailures(_ rv: PKCS11ReturnValue) throws {
         let setup = try Self.setUp("sess-\(rv.rawValue)")
         defer { setup.hsm.close() }
+        #expect(try Self.signAndVerify(setup))
+        let opened = setup.faults.calls(.openSession)
+        let closed = setup.faults.calls(.closeSession)
         setup.faults.inject(.signInit, rv)
         #expect(try Self.signAndVerify(setup))
+        #expect(setup.faults.calls(.closeSession) == closed + 1, "the broken session was closed")
+        #expect(setup.faults.calls(.openSession) >= opened + 1, "a new one was opened")
     }
 
     @Test("a C_Sign that failed while an operation stays active never poisons the next request")

@@ -13,7 +13,7 @@ struct SessionPoolTests {
         let faults = FaultInjector()
         let setup = try SessionFaultTests.setUp("pool-fifo", faults: faults, poolSize: 1)
         defer { setup.hsm.close() }
-        _ = try SessionFaultTests.signAndVerify(setup)  // the one session is open and idle
+        #expect(try SessionFaultTests.signAndVerify(setup))  // the one session is open and idle
         faults.inject(.sign, .ok, count: 1, delay: 1.0)  // the next C_Sign holds it for 1 s
         faults.inject(.sign, .ok, count: nil, delay: 0.05)  // each later one for 50 ms, so grants are far apart
 

@@ -185,7 +185,7 @@ struct TokenTests {
         #expect(key.extractable == true && key.sensitive == false)
         let digest = SHA256.hash(Array("still signs".utf8))
         #expect(try ECPublicKey(pem: files.publicKeyPEM).verify(rawSignature: try hsm.sign(digest: digest, keyID: "EXPORTABLE").raw, digest: digest))
-        _ = try hsm.sign(digest: digest, keyID: "GUARDED001")
+        #expect(try ECPublicKey(pem: files.publicKeyPEM).verify(rawSignature: try hsm.sign(digest: digest, keyID: "GUARDED001").raw, digest: digest))
         let warnings = lines.withLock { $0 }.filter { $0.contains("\"key_extractable\"") }
         #expect(warnings.count == 1, "\(lines.withLock { $0 })")
         #expect(warnings.first?.contains("EXPORTABLE") == true && warnings.first?.contains("keys import --replace") == true)
@@ -208,7 +208,7 @@ struct TokenTests {
         defer { hsm.close() }
         let files = try TestKeyFiles.make()
         _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "DELETE0001", replace: false)
-        _ = try hsm.sign(digest: SHA256.hash([1]), keyID: "DELETE0001")
+        #expect(try ECPublicKey(pem: files.publicKeyPEM).verify(rawSignature: try hsm.sign(digest: SHA256.hash([1]), keyID: "DELETE0001").raw, digest: SHA256.hash([1])))
         #expect(try hsm.deleteKey(keyID: "DELETE0001") == 2)
         #expect(try hsm.listKeys().isEmpty)
         let error = #expect(throws: HSMError.self) { try hsm.sign(digest: SHA256.hash([1]), keyID: "DELETE0001") }
@@ -294,7 +294,10 @@ struct TokenTests {
             for handle in try hsm.find(session, template) { #expect(hsm.functions.destroyObject(session, object: handle) == .ok) }
         }
         hsm.forgetKey(nil)
-        _ = try hsm.sign(digest: SHA256.hash([1]), keyID: "PUBGAP0001")  // signs; the look-up found no public key
+        // Signs; the look-up found no public key, so the signature carries none.
+        let unkeyed = try hsm.sign(digest: SHA256.hash([1]), keyID: "PUBGAP0001")
+        #expect(unkeyed.publicKey == nil)
+        #expect(publicKey.verify(rawSignature: unkeyed.raw, digest: SHA256.hash([1])))
         #expect(throws: HSMError.self) { try hsm.publicKey(keyID: "PUBGAP0001") }
         // It comes back.
         try hsm.withReadWriteSession { (session) throws(HSMError) in
@@ -357,9 +360,10 @@ struct TokenTests {
         let before = try ECPublicKey(pem: first.publicKeyPEM).fingerprint, now = try ECPublicKey(pem: second.publicKeyPEM).fingerprint
         try #require(before != now)
         _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: first.pkcs8Apple), keyID: "KEYCHG0001", replace: false)
-        _ = try hsm.sign(digest: SHA256.hash([1]), keyID: "KEYCHG0001")
+        let firstKey = try ECPublicKey(pem: first.publicKeyPEM)
+        #expect(firstKey.verify(rawSignature: try hsm.sign(digest: SHA256.hash([1]), keyID: "KEYCHG0001").raw, digest: SHA256.hash([1])))
         hsm.forgetKey("KEYCHG0001")
-        _ = try hsm.sign(digest: SHA256.hash([1]), keyID: "KEYCHG0001")
+        #expect(firstKey.verify(rawSignature: try hsm.sign(digest: SHA256.hash([1]), keyID: "KEYCHG0001").raw, digest: SHA256.hash([1])))
         #expect(!lines.lines.contains { $0.contains("key_changed") }, "the same key again: \(lines.lines)")
         _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: second.pkcs8Apple), keyID: "KEYCHG0001", replace: true)
         hsm.forgetKey("KEYCHG0001")

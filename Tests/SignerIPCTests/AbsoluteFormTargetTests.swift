@@ -14,6 +14,8 @@ struct AbsoluteFormTargetTests {
         let status: Int
         /// For an error, the path its message names.
         var named: String? = nil
+        /// For an error, its code: `not_found` for 404, `method_not_allowed` for 405.
+        var code: String? { status == 404 ? "not_found" : status == 405 ? "method_not_allowed" : nil }
         var testDescription: String { "\(method) \(target)" }
     }
 
@@ -36,18 +38,18 @@ struct AbsoluteFormTargetTests {
         defer { daemon.stop() }
         let client = SignerClient(socketPath: daemon.socketPath)
         defer { client.close() }
-        let body = target.method == "POST" ? Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8) : nil
+        let body = target.method == "POST" ? daemon.offerBody : nil
         let response = try client.send(target.method, target.target, body: body)
         #expect(response.status == target.status, "\(String(decoding: response.body, as: UTF8.self))")
         if let named = target.named {
+            #expect(response.error?.code == target.code, "\(String(decoding: response.body, as: UTF8.self))")
             #expect(response.error?.message.contains(named) == true, "\(response.error?.message ?? "")")
         }
         if target.target.hasSuffix("/healthz") && target.status == 200 {
             #expect(String(decoding: response.body, as: UTF8.self) == #"{"status":"ok"}"#)
         }
         if target.method == "POST" && target.status == 200 {
-            let offer = try response.decode(PromotionalOfferResponse.self)
-            #expect(offer.keyID == daemon.keyID && !offer.signature.isEmpty)
+            #expect(daemon.verifies(response), "the signature verifies with the daemon's public key")
         }
     }
 }

@@ -151,12 +151,9 @@ struct ConnectionLimitTests {
     /// watchdog check was closed before signerd could admit it (and systemd
     /// would kill a healthy daemon), and root's next connection was closed
     /// without an answer.
-    @Test("with max_connections and the reserve held by another process, root's next connection gets 429 and this process still gets its one")
+    @Test("with max_connections and the reserve held by another process, root's next connection gets 429 and this process still gets its one",
+          .enabled(if: getuid() == 0, "needs root (the reserve is for root and the server's own uid)"))
     func ownProcessSlotBeyondReserve() throws {
-        guard getuid() == 0 else {
-            print("SKIP ownProcessSlotBeyondReserve: needs root (the reserve is for root and the server's own uid)")
-            return
-        }
         try withServer(allowed: true, { $0.connectionLimit = 2; $0.connectionsPerUIDLimit = 100; $0.reservedConnections = 3 }) { path in
             let holder = try holdConnections(5, to: path)
             defer { release(holder) }
@@ -189,12 +186,9 @@ struct ConnectionLimitTests {
         }
     }
 
-    @Test("root keeps the reserved connections beyond max_connections")
+    @Test("root keeps the reserved connections beyond max_connections",
+          .enabled(if: getuid() == 0, "needs root (the reserve is for root and the server's own uid, which are the same here only as root)"))
     func reserveForRoot() throws {
-        guard getuid() == 0 else {
-            print("SKIP reserveForRoot: needs root (the reserve is for root and the server's own uid, which are the same here only as root)")
-            return
-        }
         try withServer(allowed: true, { $0.connectionLimit = 2; $0.connectionsPerUIDLimit = 100; $0.reservedConnections = 3 }) { path in
             let held = try (0..<4).map { _ in try UnixConnection.connect(path: path, timeout: 2) }
             defer { held.forEach { $0.close() } }

@@ -142,10 +142,27 @@ struct FaultToleranceTests {
     func deviceError() throws {
         let daemon = try InProcessDaemon()
         defer { daemon.stop() }
+        // The seam sees recovery's C_Finalize + C_Initialize as one C_Finalize;
+        // the C_Login after it shows the login was lost with the old module state.
+        let finalizes = daemon.faults.calls(.finalize)
+        let logins = daemon.faults.calls(.login)
         let outcome = measure("CKR_DEVICE_ERROR (5 calls)", daemon: daemon) { $0.faults.inject(.sign, .deviceError, count: 5) }
         #expect(outcome.invalid == 0)
+        #expect(outcome.failed > 0, "the injected CKR_DEVICE_ERROR reached a request")
+        #expect(daemon.faults.calls(.finalize) > finalizes, "C_Finalize + C_Initialize: the module was reinitialized")
+        #expect(daemon.faults.calls(.login) > logins, "C_Login again on the reinitialized module")
         #expect(outcome.secondsUntilFlowing < 8)
         #expect(daemon.logged("token_down") == 1)
+        // Under load a lighter first attempt can fail and escalate; one
+        // CKR_DEVICE_ERROR alone must reinitialize at the first attempt.
+        let client = SignerClient(socketPath: daemon.socketPath)
+        #expect(poll(seconds: 5) { daemon.logged("token_up") == 1 })
+        let before = daemon.faults.calls(.finalize)
+        daemon.faults.inject(.sign, .deviceError, count: 1)
+        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody).status == 503)
+        #expect(poll(seconds: 5) { daemon.logged("token_up") == 2 }, "\(daemon.logLines.lines.suffix(4))")
+        #expect(daemon.faults.calls(.finalize) == before + 1, "one C_Finalize + C_Initialize")
+        #expect(daemon.logLines.lines.last { $0.contains("\"msg\":\"token_up\"") }?.contains("\"recovery.attempts\":1") == true, "\(daemon.logLines.lines.suffix(4))")
         try expectHealthy(daemon)
     }
 
@@ -220,10 +237,11 @@ struct FaultToleranceTests {
     func noFinalizeUnderHungSearch() throws {
         let daemon = try InProcessDaemon(signTimeoutMs: 5000)
         defer { daemon.stop() }
-        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
-        #expect(try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
+        let body = daemon.offerBody
+        #expect(daemon.verifies(try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: body)))
         let searches = daemon.faults.calls(.findObjects)
         daemon.faults.hang(.findObjects, seconds: 3, count: 1)
+        let hungAt = MonotonicClock.now()
         daemon.faults.invalidateObjects()
         OSThread.start { _ = try? SignerClient(socketPath: daemon.socketPath, timeout: 10).send("POST", "/v1/sign/promotional-offer", body: body) }
         #expect(poll(seconds: 2) { daemon.faults.calls(.findObjects) > searches }, "the key's search is hanging")
@@ -231,6 +249,12 @@ struct FaultToleranceTests {
         daemon.token.markDown(reason: PKCS11ReturnValue.deviceError.name, reinitialize: true)
         #expect(poll(seconds: 2.5) { daemon.logged("token_up") > 0 }, "\(daemon.logLines.lines.suffix(4))")
         #expect(daemon.faults.calls(.finalize) == finalizes, "no C_Finalize while the search was inside the module")
+        // Once the search has left the module (3 s), the same request does
+        // reinitialize it: the count above stayed still for the search alone.
+        while Double(MonotonicClock.now() - hungAt) / 1e9 < 3.5 { usleep(100_000) }
+        daemon.token.markDown(reason: PKCS11ReturnValue.deviceError.name, reinitialize: true)
+        #expect(poll(seconds: 5) { daemon.faults.calls(.finalize) > finalizes }, "C_Finalize once no call is inside the module")
+        #expect(poll(seconds: 5) { daemon.logged("token_up") == 2 }, "\(daemon.logLines.lines.suffix(4))")
         try expectHealthy(daemon)
     }
 
@@ -239,7 +263,7 @@ struct FaultToleranceTests {
         let daemon = try InProcessDaemon(signTimeoutMs: 1000, sessions: 2)
         defer { daemon.stop() }
         daemon.faults.hang(.sign, seconds: 3, count: 2)
-        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
+        let body = daemon.offerBody
         let answers = Mutex<[(status: Int, connection: String?, code: String?, seconds: Double)]>([])
         let done = DispatchGroup()
         for _ in 0..<2 {
@@ -283,8 +307,8 @@ struct FaultToleranceTests {
     /// after one request signed with them.
     func signingOnce(_ daemon: InProcessDaemon, sourceLocation: SourceLocation = #_sourceLocation) throws -> (SignerClient, [UInt8]) {
         let client = SignerClient(socketPath: daemon.socketPath)
-        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
-        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200, sourceLocation: sourceLocation)
+        let body = daemon.offerBody
+        #expect(daemon.verifies(try client.send("POST", "/v1/sign/promotional-offer", body: body)), sourceLocation: sourceLocation)
         return (client, body)
     }
 
@@ -333,7 +357,7 @@ struct FaultToleranceTests {
         #expect(during.status == 503, "\(String(decoding: during.body, as: UTF8.self))")
         daemon.faults.clear()
         #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 })
-        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
+        #expect(daemon.verifies(try client.send("POST", "/v1/sign/promotional-offer", body: body)))
         #expect(daemon.logged("key_missing_after_recovery") == 0)
     }
 
@@ -357,7 +381,7 @@ struct FaultToleranceTests {
         #expect(String(decoding: ready.body, as: UTF8.self).contains("token missing or unavailable (key_vanished)"), "\(String(decoding: ready.body, as: UTF8.self))")
         daemon.faults.clear()
         #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 })
-        #expect(try client.send("POST", "/v1/sign/promotional-offer", body: body).status == 200)
+        #expect(daemon.verifies(try client.send("POST", "/v1/sign/promotional-offer", body: body)))
     }
 
     /// A review found a look-up that began before the cache was dropped (an
@@ -372,13 +396,17 @@ struct FaultToleranceTests {
         daemon.faults.inject(.findObjects, .ok, count: 1, delay: 0.5)
         let done = DispatchSemaphore(value: 0)
         let token = daemon.token, keyID = daemon.keyID
+        let found = Mutex<Result<ECPublicKey, HSMError>?>(nil)
         DispatchQueue.global().async {
-            _ = try? token.currentPublicKey(keyID: keyID, maxAge: 0)
+            let result = Result { () throws(HSMError) in try token.currentPublicKey(keyID: keyID, maxAge: 0) }
+            found.withLock { $0 = result }
             done.signal()
         }
         usleep(200_000)
         daemon.token.forgetKey(nil)
         done.wait()
+        // The look-up itself succeeded: the cache is empty because it was dropped, not because the search failed.
+        #expect(try found.withLock { try $0?.get() } == daemon.publicKey)
         #expect(daemon.token.cachedPublicKey(keyID: daemon.keyID) == nil, "the look-up found the key, but from before the drop")
         // A look-up that began after it caches as usual.
         _ = try daemon.token.currentPublicKey(keyID: daemon.keyID, maxAge: 0)
@@ -392,10 +420,12 @@ struct FaultToleranceTests {
         let daemon = try InProcessDaemon()
         defer { daemon.stop() }
         _ = try daemon.token.currentPublicKey(keyID: daemon.keyID, maxAge: 0)
+        let searches = daemon.faults.calls(.findObjects)
         daemon.faults.inject(.findObjects, .ok, count: 1, delay: 0.8)
         daemon.token.markDown(reason: PKCS11ReturnValue.sessionHandleInvalid.name, reinitialize: false)
         // Recovery starts after its first back-off (0.1–0.2 s) and then waits 0.8 s in C_FindObjects.
-        #expect(poll(seconds: 3) { daemon.faults.calls(.findObjects) > 0 || daemon.logged("token_up") > 0 })
+        #expect(poll(seconds: 3) { daemon.faults.calls(.findObjects) > searches }, "recovery's search has begun")
+        #expect(daemon.logged("token_up") == 0, "recovery is still inside its search")
         usleep(200_000)
         daemon.token.forgetKey(nil)
         #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 })
@@ -430,7 +460,7 @@ struct FaultToleranceTests {
         #expect(daemon.token.status == .pinRejected(.pinIncorrect))
         // A caller is told that retrying cannot help, and asked to wait
         // longer than for a passing fault.
-        let refusedSign = try client.send("POST", "/v1/sign/promotional-offer", body: Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8))
+        let refusedSign = try client.send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)
         let refusedText = String(decoding: refusedSign.body, as: UTF8.self)
         #expect(refusedSign.status == 503 && refusedText.contains("hsm_unavailable"), "\(refusedText)")
         #expect(refusedText.contains("CKR_PIN_INCORRECT") && refusedText.contains("retrying will not help") && refusedText.contains("fixes or unlocks signerd's PIN"), "\(refusedText)")

@@ -83,6 +83,6 @@ struct NumberSpellingTests {
         defer { daemon.stop() }
         let response = try Self.post(daemon, "/v1/sign/advanced-commerce-request",
                                      #"{"bundle_id":"\#(daemon.bundleID)","request":{"a":-9223372036854775808,"b":[-9223372036854775808,-9.223372036854775808E+18]}}"#)
-        #expect(response.status == 400 && response.error?.field == "request.b[1]", "\(String(decoding: response.body, as: UTF8.self))")
+        #expect(response.status == 400 && response.error?.code == "invalid_field" && response.error?.field == "request.b[1]", "\(String(decoding: response.body, as: UTF8.self))")
     }
 }

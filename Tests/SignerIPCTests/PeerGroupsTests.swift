@@ -32,10 +32,13 @@ struct PeerGroupsTests {
     static let setprivAvailable = getuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv")
 
     /// The status code of `GET /v1/keys` sent by python3 as uid/gid 65534
-    /// with the supplementary groups `groups` (none when empty).
+    /// with the supplementary groups `groups` (none when empty), followed
+    /// by the error's `code` when it is not a 200 (`403 forbidden`).
     func statusAsNobody(socket: String, groups: [UInt32]) throws -> String {
-        let script = "import socket,sys; s=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1]); "
-            + "s.sendall(b'GET /v1/keys HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n'); print(s.recv(64).split(b' ')[1].decode())"
+        let script = "import socket,sys,json\ns=socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
+            + "s.sendall(b'GET /v1/keys HTTP/1.1\\r\\nHost: x\\r\\nConnection: close\\r\\n\\r\\n')\nd=b''\nwhile True:\n    c=s.recv(65536)\n    if not c: break\n    d+=c\n"
+            + "head,_,body=d.partition(b'\\r\\n\\r\\n'); status=head.split(b' ')[1].decode()\n"
+            + "print(status if status=='200' else status+' '+json.loads(body)['error']['code'])"
         let groupOption = groups.isEmpty ? "--clear-groups" : "--groups=" + groups.map(String.init).joined(separator: ",")
         let result = try run(["setpriv", "--reuid=65534", "--regid=65534", groupOption, "--", "/usr/bin/python3", "-c", script, socket])
         return String(decoding: result, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
@@ -49,7 +52,7 @@ struct PeerGroupsTests {
         defer { daemon.stop() }
         #expect(try statusAsNobody(socket: daemon.socketPath, groups: [group]) == "200")
         #expect(try statusAsNobody(socket: daemon.socketPath, groups: [4243, group]) == "200")
-        #expect(try statusAsNobody(socket: daemon.socketPath, groups: []) == "403")
-        #expect(try statusAsNobody(socket: daemon.socketPath, groups: [4243]) == "403")
+        #expect(try statusAsNobody(socket: daemon.socketPath, groups: []) == "403 forbidden")
+        #expect(try statusAsNobody(socket: daemon.socketPath, groups: [4243]) == "403 forbidden")
     }
 }

@@ -82,7 +82,8 @@ struct RepeatedMemberTests {
             }
         }
         // A UTF-8 byte-order mark is refused too; plain UTF-8 is read.
-        #expect(throws: APIError.self) { _ = try FieldReader(json: [0xEF, 0xBB, 0xBF] + Array(#"{"bundle_id":"a"}"#.utf8), allowed: Self.allowed) }
+        let marked = #expect(throws: APIError.self) { _ = try FieldReader(json: [0xEF, 0xBB, 0xBF] + Array(#"{"bundle_id":"a"}"#.utf8), allowed: Self.allowed) }
+        #expect(marked?.code == .invalidJSON)
         var reader = try FieldReader(json: Array(#"{"bundle_id":"ä"}"#.utf8), allowed: Self.allowed)
         #expect(try reader.string("bundle_id") == "ä")
     }
@@ -140,7 +141,8 @@ struct LeadingByteOrderMarkTests {
 
     @Test("a member name with the mark is another name, and the same name spelled raw and escaped is a repeat")
     func names() throws {
-        #expect(throws: APIError.self) { try FieldReader(json: Array(#"{"\#(Self.mark)request":{}}"#.utf8), allowed: ["request"]) }
+        let other = #expect(throws: APIError.self) { try FieldReader(json: Array(#"{"\#(Self.mark)request":{}}"#.utf8), allowed: ["request"]) }
+        #expect(other?.code == .unknownField && other?.field == "\(Self.mark)request", "\(String(describing: other))")
         do {
             _ = try FieldReader(json: Array(#"{"request":{"\#(Self.mark)k":1,"\ufeffk":2}}"#.utf8), allowed: ["request"])
             Issue.record("a repeated name was accepted")
@@ -153,7 +155,8 @@ struct LeadingByteOrderMarkTests {
     @Test("still refused where the mark is not JSON: after a backslash, outside strings")
     func stillInvalid() {
         for body in [#"{"request":{"a":"\\#(Self.mark)"}}"#, #"{"request":{"a":"x"\#(Self.mark)}}"#, #"{"request":\#(Self.mark){}}"#] {
-            #expect(throws: APIError.self, "\(body)") { try FieldReader(json: Array(body.utf8), allowed: ["request"]) }
+            let error = #expect(throws: APIError.self, "\(body)") { try FieldReader(json: Array(body.utf8), allowed: ["request"]) }
+            #expect(error?.code == .invalidJSON, "\(body)")
         }
     }
 }

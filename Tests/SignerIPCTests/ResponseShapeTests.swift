@@ -116,21 +116,6 @@ struct ResponseShapeTests {
         #expect(newKey.verify(derSignature: Array(der), digest: SHA256.hash(payload.payload)))
     }
 
-    /// Reads one whole response (head and `Content-Length` body) from `connection`.
-    func readResponse(_ connection: UnixConnection) throws -> String {
-        var received: [UInt8] = []
-        while true {
-            let text = String(decoding: received, as: UTF8.self)
-            if let headEnd = text.range(of: "\r\n\r\n") {
-                let head = text[..<headEnd.lowerBound].lowercased()
-                let length = head.split(separator: "\r\n").first { $0.hasPrefix("content-length:") }
-                    .flatMap { Int($0.dropFirst("content-length:".count).trimmingCharacters(in: .whitespaces)) } ?? 0
-                if received.count - text[..<headEnd.upperBound].utf8.count >= length { return text }
-            }
-            guard try connection.read(appendingTo: &received) > 0 else { return String(decoding: received, as: UTF8.self) }
-        }
-    }
-
     /// An error answered from the head alone (404, 405, 415) used to be
     /// queued before libmicrohttpd had finished the request, and it then
     /// closed the connection, so a keep-alive client's next request met a reset.
@@ -149,7 +134,7 @@ struct ResponseShapeTests {
         ]
         for (request, status) in requests {
             try connection.write(Array(request.utf8))
-            let response = try readResponse(connection)
+            let response = try connection.readResponse().head
             #expect(response.hasPrefix(status), "\(request): \(response)")
             #expect(!response.lowercased().contains("connection: close"), "\(request): \(response)")
         }

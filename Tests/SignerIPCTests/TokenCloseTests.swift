@@ -46,9 +46,11 @@ struct TokenCloseTests {
         let daemon = try InProcessDaemon(signTimeoutMs: 1000, sessions: 2)
         defer { daemon.stop() }
         // Recovery's C_Finalize + C_Initialize takes a second (a slow module).
+        let finalizes = daemon.faults.calls(.finalize)
         daemon.faults.inject(.finalize, .ok, count: 1, delay: 1.0)
         daemon.token.markDown(reason: "CKR_DEVICE_REMOVED")
-        usleep(400_000)  // recovery is inside its reinitialize now
+        // C_Finalize is counted on entry, before its 1-s delay: recovery is inside its reinitialize.
+        #expect(poll(seconds: 0.9) { daemon.faults.calls(.finalize) > finalizes }, "recovery reached C_Finalize")
         let logins = daemon.faults.calls(.login), opened = daemon.faults.calls(.openSession)
         daemon.token.close()
         usleep(2_000_000)

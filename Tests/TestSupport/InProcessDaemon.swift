@@ -91,6 +91,69 @@ public final class InProcessDaemon: @unchecked Sendable {
     public func logged(_ message: String) -> Int {
         logLines.lines.filter { $0.contains("\"msg\":\"\(message)\"") }.count
     }
+
+    /// A `POST /v1/sign/promotional-offer` body for this daemon's bundle,
+    /// product `p`, offer `o`.
+    public var offerBody: [UInt8] {
+        Array(#"{"bundle_id":"\#(bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
+    }
+
+    /// Whether `response` answers ``offerBody`` with a 200 whose signature
+    /// verifies with this daemon's public key (made by the test, not read
+    /// from the daemon) over the payload rebuilt here.
+    public func verifies(_ response: ClientResponse) -> Bool {
+        offerVerifies(response, publicKey: publicKey, bundleID: bundleID, keyID: keyID)
+    }
+}
+
+/// The classic payload rebuilt here, independently of HSMSigner's builder:
+/// the seven values joined by U+2063 (apple-signatures.md).
+public func independentPayload(bundleID: String, keyID: String, productID: String, offerID: String, token: String, nonce: String, timestamp: Int64) -> [UInt8] {
+    Array([bundleID, keyID, productID, offerID, token, nonce, String(timestamp)].joined(separator: "\u{2063}").utf8)
+}
+
+/// Whether `response` is a 200 classic promotional-offer answer for `keyID`
+/// whose Base64 DER signature verifies with `publicKey` over the payload
+/// rebuilt from the request's values and the nonce and timestamp returned.
+public func offerVerifies(_ response: ClientResponse, publicKey: ECPublicKey, bundleID: String, keyID: String,
+                          productID: String = "p", offerID: String = "o", token: String = "") -> Bool {
+    response.status == 200 && offerVerifies(body: response.body, publicKey: publicKey, bundleID: bundleID, keyID: keyID,
+                                            productID: productID, offerID: offerID, token: token)
+}
+
+/// Whether `body`, a 200 answer's body, holds a classic promotional offer
+/// as ``offerVerifies(_:publicKey:bundleID:keyID:productID:offerID:token:)``
+/// checks it.
+public func offerVerifies(body: [UInt8], publicKey: ECPublicKey, bundleID: String, keyID: String,
+                          productID: String = "p", offerID: String = "o", token: String = "") -> Bool {
+    guard let offer = try? JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(body)), offer.keyID == keyID,
+          let der = Data(base64Encoded: offer.signature) else { return false }
+    let payload = independentPayload(bundleID: bundleID, keyID: keyID, productID: productID, offerID: offerID, token: token, nonce: offer.nonce, timestamp: offer.timestamp)
+    return publicKey.verify(derSignature: Array(der), digest: SHA256.hash(payload))
+}
+
+extension UnixConnection {
+    /// Reads one HTTP/1.1 response: the head (status line and headers, up
+    /// to the blank line) and the `Content-Length` bytes of body after it;
+    /// what arrived before the peer closed when it closes early.
+    public func readResponse() throws -> (head: String, body: String) {
+        var received: [UInt8] = []
+        let separator = Array("\r\n\r\n".utf8)
+        while true {
+            if let end = received.firstRange(of: separator) {
+                let head = String(decoding: received[..<end.lowerBound], as: UTF8.self)
+                let length = head.split(separator: "\r\n").first { $0.lowercased().hasPrefix("content-length:") }
+                    .flatMap { Int($0.split(separator: ":")[1].trimmingCharacters(in: .whitespaces)) } ?? 0
+                while received.count < end.upperBound + length {
+                    guard try read(appendingTo: &received) > 0 else { break }
+                }
+                return (head, String(decoding: received[end.upperBound...].prefix(length), as: UTF8.self))
+            }
+            guard try read(appendingTo: &received) > 0 else {
+                return (String(decoding: received, as: UTF8.self), "")
+            }
+        }
+    }
 }
 
 /// Continuous signing load with every answer recorded: the time, the status,
@@ -122,7 +185,7 @@ public final class LoadRecorder: @unchecked Sendable {
             Thread.detachNewThread { [self] in
                 defer { group.leave() }
                 let client = SignerClient(socketPath: daemon.socketPath, timeout: 60)
-                let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#.utf8)
+                let body = daemon.offerBody
                 while running.load(ordering: .acquiring) {
                     let response: ClientResponse
                     do {
@@ -132,11 +195,7 @@ public final class LoadRecorder: @unchecked Sendable {
                         usleep(20_000)
                         continue
                     }
-                    var valid = false
-                    if response.status == 200, let offer = try? response.decode(PromotionalOfferResponse.self), let der = Data(base64Encoded: offer.signature) {
-                        let payload = Array([daemon.bundleID, offer.keyID, "p", "o", "", offer.nonce, String(offer.timestamp)].joined(separator: "\u{2063}").utf8)
-                        valid = daemon.publicKey.verify(derSignature: Array(der), digest: SHA256.hash(payload))
-                    }
+                    let valid = daemon.verifies(response)
                     samples.withLock { $0.append(Sample(at: MonotonicClock.now(), status: response.status, valid: valid, retryAfter: response.headers["retry-after"])) }
                     if response.status != 200 { usleep(10_000) }  // a client backing off a little
                 }

@@ -205,6 +205,27 @@ final class DaemonHarness: @unchecked Sendable {
         SignerClient(socketPath: socketPath, timeout: 30)
     }
 
+    /// Whether `response` is a 200 classic promotional offer signed by the
+    /// key it names, one of the keys this harness made (their public keys
+    /// come from the test, not from the daemon), verifying over the payload
+    /// rebuilt from the request's values.
+    func verifies(_ response: ClientResponse, bundleID: String = "com.example.app", productID: String = "p", offerID: String = "o", token: String = "") -> Bool {
+        response.status == 200 && verifies(body: response.body, bundleID: bundleID, productID: productID, offerID: offerID, token: token)
+    }
+
+    /// The same for a raw HTTP/1.1 answer read from a socket: a 200 status
+    /// line, and the body after the head.
+    func verifies(rawResponse text: String, bundleID: String = "com.example.app", productID: String = "p", offerID: String = "o", token: String = "") -> Bool {
+        guard text.hasPrefix("HTTP/1.1 200"), let headEnd = text.range(of: "\r\n\r\n") else { return false }
+        return verifies(body: Array(text[headEnd.upperBound...].utf8), bundleID: bundleID, productID: productID, offerID: offerID, token: token)
+    }
+
+    private func verifies(body: [UInt8], bundleID: String, productID: String, offerID: String, token: String) -> Bool {
+        guard let offer = try? JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(body)),
+              let files = keys[offer.keyID], let key = try? ECPublicKey(pem: files.publicKeyPEM) else { return false }
+        return offerVerifies(body: body, publicKey: key, bundleID: bundleID, keyID: offer.keyID, productID: productID, offerID: offerID, token: token)
+    }
+
     /// Runs signctl against this daemon's configuration.
     func signctl(_ arguments: [String]) throws -> String {
         String(decoding: try run([Binaries.signctl, "--config", configPath] + arguments, environment: environment), as: UTF8.self)
@@ -224,12 +245,6 @@ final class DaemonHarness: @unchecked Sendable {
         process.waitUntilExit()
         return (process.terminationStatus, String(decoding: output, as: UTF8.self))
     }
-}
-
-/// The classic payload rebuilt here, independently of HSMSigner's builder:
-/// the seven values joined by U+2063.
-func independentPayload(bundleID: String, keyID: String, productID: String, offerID: String, token: String, nonce: String, timestamp: Int64) -> [UInt8] {
-    Array([bundleID, keyID, productID, offerID, token, nonce, String(timestamp)].joined(separator: "\u{2063}").utf8)
 }
 
 /// JSON bytes for a request body.
@@ -259,6 +274,10 @@ final class LogBuffer: Sendable {
 /// signature verified against the independently rebuilt payload.
 final class SigningLoad: @unchecked Sendable {
     struct Sample: Sendable {
+        /// When the request was sent (its first attempt; the client
+        /// retries once on a kept-alive connection found closed).
+        let sent: Date
+        /// When the answer, or the socket's failure, arrived.
         let at: Date
         /// The HTTP status; 0 when the socket failed.
         let status: Int
@@ -281,9 +300,10 @@ final class SigningLoad: @unchecked Sendable {
                 let client = daemon.client()
                 var socketErrors = 0
                 while running.load(ordering: .relaxed) && socketErrors < maximumSocketErrors {
+                    let sent = Date()
                     guard let response = try? client.send("POST", "/v1/sign/promotional-offer", body: body(["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"])) else {
                         socketErrors += 1
-                        samples.withLock { $0.append(Sample(at: Date(), status: 0, valid: false)) }
+                        samples.withLock { $0.append(Sample(sent: sent, at: Date(), status: 0, valid: false)) }
                         usleep(20_000)
                         continue
                     }
@@ -293,7 +313,7 @@ final class SigningLoad: @unchecked Sendable {
                         let payload = independentPayload(bundleID: "com.example.app", keyID: offer.keyID, productID: "p", offerID: "o", token: "", nonce: offer.nonce, timestamp: offer.timestamp)
                         valid = key.verify(derSignature: Array(der), digest: SHA256.hash(payload))
                     }
-                    samples.withLock { $0.append(Sample(at: Date(), status: response.status, valid: valid)) }
+                    samples.withLock { $0.append(Sample(sent: sent, at: Date(), status: response.status, valid: valid)) }
                     if response.status != 200 { usleep(20_000) }
                 }
             }
