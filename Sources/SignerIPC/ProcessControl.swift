@@ -18,6 +18,35 @@ public enum ProcessControl {
     /// Whether the process may be dumped (`prctl(PR_GET_DUMPABLE)`).
     public static var isDumpable: Bool { CSignerShim_is_dumpable() != 0 }
 
+    /// Descriptors signerd keeps for everything but its connections: the
+    /// standard streams, the listening socket, libmicrohttpd's inter-thread
+    /// channels, and the PKCS#11 module's own files (SoftHSM opens its token
+    /// files on every call). Without them the token itself goes down.
+    public static let descriptorsBesidesConnections = 64
+
+    /// Open descriptors needed for `connections` connections (each holds
+    /// two: libmicrohttpd's and the daemon's duplicate for slow-request
+    /// cut-off) plus ``descriptorsBesidesConnections``.
+    /// - Parameter connections: every connection slot, reserve included.
+    public static func descriptorsNeeded(connections: Int) -> Int {
+        2 * connections + descriptorsBesidesConnections
+    }
+
+    /// How many connection slots fit in `limit` open descriptors, the
+    /// inverse of ``descriptorsNeeded(connections:)``; 0 when none do.
+    /// - Parameter limit: the soft open-file limit (`RLIMIT_NOFILE`).
+    public static func connectionsFitting(openFileLimit limit: Int) -> Int {
+        max(0, (limit - descriptorsBesidesConnections) / 2)
+    }
+
+    /// The hard open-file limit (`RLIMIT_NOFILE`), which an unprivileged
+    /// process cannot raise; nil when unlimited or unreadable.
+    public static var hardOpenFileLimit: Int? {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_max != rlim_t.max else { return nil }
+        return Int(clamping: limit.rlim_max)
+    }
+
     /// Raises the soft open-file limit to at least `wanted` (within the hard
     /// limit): each connection holds two descriptors (libmicrohttpd's and the
     /// daemon's duplicate for slow-request cut-off).
@@ -32,7 +61,7 @@ public enum ProcessControl {
             setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
             getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
         }
-        return Int(limit.rlim_cur)
+        return Int(clamping: limit.rlim_cur)
     }
 
     /// Raises the soft file size limit (`RLIMIT_FSIZE`, `ulimit -f`) to

@@ -63,6 +63,25 @@ func socketDirectoryHint(_ socketPath: String) -> String {
 /// "1 key", "2 keys": for systemd's STATUS= line.
 func keyCount(_ count: Int) -> String { count == 1 ? "1 key" : "\(count) keys" }
 
+/// How many connections `max_connections` can have within an open-file
+/// limit of `limit` descriptors, with the reserve for root and the daemon's
+/// own check kept; and, when fewer than configured, why, for the operator.
+/// - Parameters:
+///   - configured: `max_connections`.
+///   - limit: the open-file limit in effect (the soft one after raising it),
+///     or nil when there is none.
+func connectionBudget(_ configured: Int, openFileLimit limit: Int?) -> (maxConnections: Int, problem: String?) {
+    let reserve = HTTPServerOptions().reservedConnections + 1
+    let needed = ProcessControl.descriptorsNeeded(connections: configured + reserve)
+    guard let limit, limit < needed else { return (configured, nil) }
+    let fitting = ProcessControl.connectionsFitting(openFileLimit: limit) - reserve
+    let raise = "raise the hard open-file limit to \(needed) (LimitNOFILE= in the unit, which ships with 8192; ulimit -Hn by hand) or lower max_connections"
+    return (max(0, min(configured, fitting)),
+            "the open-file limit is \(limit) descriptors, and max_connections \(configured) needs \(needed) (two per connection, with the \(reserve) kept for root "
+            + "and signerd's own check, and \(ProcessControl.descriptorsBesidesConnections) for the PKCS#11 module's files and the rest): "
+            + (fitting >= 1 ? "max_connections is lowered to \(fitting), so that connections cannot take the descriptors the token needs; \(raise)" : "no connection fits; \(raise)"))
+}
+
 /// Gives every key in `keys` a test signature (``HSMToken/selfTest(keyID:)``)
 /// and logs `key_unusable`, with a hint, for each one that fails. A failure
 /// that is the token's, not the key's (the token down, no session, a
@@ -186,6 +205,10 @@ func runDaemon() -> Never {
         if socketDirectoryProblem(configuration.socketPath) == nil, let problem = UnixListener.unsafeDirectory(of: configuration.socketPath) {
             print("warning: socket_directory_unsafe: \(problem): binding the socket itself (without signerd.socket) will fail with exit 69")
         }
+        if let problem = connectionBudget(configuration.maxConnections, openFileLimit: ProcessControl.hardOpenFileLimit).problem {
+            // The hard limit: what signerd started from this shell (or by ExecStartPre, under the unit's LimitNOFILE=) could raise its own to.
+            print("warning: open_file_limit_low: \(problem)")
+        }
         if let group = configuration.socketGroup, !UnixListener.mayGiveSocket(toGroup: group) {
             print("warning: socket_group_not_joined: this user (uid \(geteuid())) is not a member of socket_group \(group): binding the socket itself "
                 + "(without signerd.socket) will fail with exit 69; add the user to \(group), or start signerd through signerd.socket")
@@ -194,7 +217,14 @@ func runDaemon() -> Never {
     }
     let logger = Logger(minimumLevel: configuration.logLevel)
     for advisory in configuration.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
-    ProcessControl.raiseOpenFileLimit(to: 2 * (configuration.maxConnections + HTTPServerOptions().reservedConnections) + 64)
+    let wantedDescriptors = ProcessControl.descriptorsNeeded(connections: configuration.maxConnections + HTTPServerOptions().reservedConnections + 1)
+    let budget = connectionBudget(configuration.maxConnections, openFileLimit: ProcessControl.raiseOpenFileLimit(to: wantedDescriptors))
+    if let problem = budget.problem {
+        // Connections past the budget would take the descriptors SoftHSM
+        // opens its token files with: the token would go down for everyone.
+        if budget.maxConnections < 1 { fail(.config, "open_file_limit_too_low", logger: logger, ["error": .string(problem)]) }
+        logger.warning("open_file_limit_low", ["max_connections": .int(Int64(budget.maxConnections)), "hint": .string(problem)])
+    }
     if let bytes = ProcessControl.raiseFileSizeLimit() {
         if let uri = try? PKCS11URI(configuration.tokenURI), let problem = SoftHSMFiles.loginWouldCut(limit: bytes, module: uri.modulePath ?? uri.moduleName) {
             fail(.config, "file_size_limit", logger: logger, ["bytes": .int(Int64(clamping: bytes)), "error": .string(problem)])
@@ -271,8 +301,8 @@ func runDaemon() -> Never {
         }
     }
     var serverOptions = HTTPServerOptions()
-    serverOptions.connectionLimit = configuration.maxConnections
-    serverOptions.connectionsPerUIDLimit = configuration.effectiveMaxConnectionsPerUID
+    serverOptions.connectionLimit = budget.maxConnections
+    serverOptions.connectionsPerUIDLimit = min(configuration.effectiveMaxConnectionsPerUID, budget.maxConnections)
     serverOptions.idleTimeoutSeconds = configuration.idleTimeoutSeconds
     serverOptions.requestTimeoutSeconds = Double(configuration.requestTimeoutSeconds)
     serverOptions.maxBodyBytes = configuration.maxBodyBytes

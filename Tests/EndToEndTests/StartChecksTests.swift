@@ -1,5 +1,6 @@
 import Foundation
 import HSMSigner
+import SignerIPC
 import TestSupport
 import Testing
 
@@ -199,7 +200,7 @@ struct CheckConfigTests {
     func moduleCheckCannotBeBypassed() throws {
         let daemon = try DaemonHarness(keyIDs: [])
         let environment = ["SOFTHSM2_CONF": daemon.softHSMConf]
-        let module = try FileManager.default.contents(atPath: try #require(realpath(SoftHSMFixture.shared.modulePath, nil).map { String(cString: $0) })) ?? Data()
+        let module = FileManager.default.contents(atPath: try #require(realpath(SoftHSMFixture.shared.modulePath, nil).map { String(cString: $0) })) ?? Data()
         // Two chains of 14 directories with 200-character names, joined by links: each
         // link and each path given is short, the resolved path about 5,600 bytes.
         let base = daemon.directory + "/long"
@@ -515,3 +516,54 @@ struct FileSizeLimitStartTests {
     }
 }
 
+
+/// An attack round held idle connections under a hard open-file limit of
+/// 1024: at about 510 the descriptors ran out, SoftHSM could not open its
+/// token files, the token went down for every caller, libmicrohttpd's
+/// listening thread spun, and root's reserve could not even connect.
+@Suite("signerd under a low open-file limit")
+struct OpenFileLimitTests {
+    @Test("a hard open-file limit too low for max_connections: max_connections is lowered to fit and said so; connections past it are refused and the token keeps its descriptors")
+    func connectionsFitTheLimit() throws {
+        let daemon = try DaemonHarness()
+        let limit = ["/usr/bin/prlimit", "--nofile=200:200", "--"]
+        // (200 − 64 kept for the module and the rest) / 2 per connection − 9 kept for root and signerd's own check.
+        let check = runProgram(limit[0], Array(limit.dropFirst()) + [Binaries.signerd, "--config", daemon.configPath, "--check-config"],
+                               environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(check.status == 0, "\(check.stdout) \(check.stderr)")
+        #expect(check.stdout.contains("warning: open_file_limit_low: the open-file limit is 200 descriptors, and max_connections 1024 needs 2130")
+                && check.stdout.contains("max_connections is lowered to 59"), "\(check.stdout)")
+        try daemon.start(launcher: limit)
+        defer { daemon.stop() }
+        let warned = daemon.logged { $0.contains("\"open_file_limit_low\"") }
+        #expect(warned.count == 1 && warned.first?.contains("\"max_connections\":59") == true, "\(daemon.log.suffix(5))")
+        // Without the lower limit about 95 connections would take every descriptor.
+        var held: [UnixConnection] = []
+        defer { held.forEach { $0.close() } }
+        for _ in 0..<150 {
+            guard let connection = try? UnixConnection.connect(path: daemon.socketPath, timeout: 2) else { break }
+            held.append(connection)
+        }
+        usleep(500_000)
+        // The first connection was admitted: it signs, with the token's files still openable.
+        let json = body(["bundle_id": "com.example.app", "key_id": "ABC123DEFG", "product_id": "p", "offer_id": "o"])
+        try held[0].write(Array("POST /v1/sign/promotional-offer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(json.count)\r\n\r\n".utf8) + json)
+        let (head, answer) = try held[0].readResponse()
+        #expect(daemon.verifies(rawResponse: head + "\r\n\r\n" + answer), "\(head) \(answer)")
+        #expect(daemon.logged { $0.contains("\"token_down\"") }.isEmpty, "\(daemon.log.suffix(5))")
+        #expect(!daemon.logged { $0.contains("\"connection_refused\"") }.isEmpty, "connections past max_connections and the reserve were refused")
+        held.forEach { $0.close() }
+        held.removeAll()
+        #expect(poll(seconds: 5) { (try? daemon.client().send("GET", "/readyz"))?.status == 200 })
+    }
+
+    @Test("a hard open-file limit that fits no connection: signerd exits 78 with open_file_limit_too_low before it opens the token")
+    func noConnectionFits() throws {
+        let daemon = try DaemonHarness()
+        let run = runProgram("/usr/bin/timeout", ["20", "/usr/bin/prlimit", "--nofile=80:80", "--", Binaries.signerd, "--config", daemon.configPath],
+                             environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(run.status == 78, "\(run.stdout) \(run.stderr)")
+        #expect(run.stderr.contains("\"open_file_limit_too_low\"") && run.stderr.contains("no connection fits"), "\(run.stderr)")
+        #expect(!run.stderr.contains("\"token_opened\""), "\(run.stderr)")
+    }
+}
