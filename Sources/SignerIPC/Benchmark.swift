@@ -26,9 +26,12 @@ public struct BenchmarkReport: Codable, Sendable {
     public var errors: [String: Int]
     /// Whether each signature was verified with the public key by the client.
     public var verified: Bool
-    /// The daemon's resident set size before and after, in KiB (socket mode).
+    /// The daemon's resident set size before and after, in KiB (socket
+    /// mode); a key is missing when `/proc` could not be read.
     public var rssKiB: [String: Int]?
-    /// The daemon's open file descriptors before and after (socket mode).
+    /// The daemon's open file descriptors before and after (socket mode);
+    /// a key is missing when `/proc/PID/fd` could not be read (only root
+    /// may list a non-dumpable process's descriptors).
     public var openFDs: [String: Int]?
     /// CPU time (user + system) per completed request, in microseconds:
     /// `signctl` is this process over the run (in direct mode, the signing
@@ -264,8 +267,10 @@ public struct LoadGenerator: Sendable {
         var rss: [String: Int]?
         var fds: [String: Int]?
         if let daemonPID {
-            rss = ["before": rssBefore ?? 0, "after": ProcessStatistics.residentKiB(daemonPID) ?? 0]
-            fds = ["before": fdsBefore ?? 0, "after": ProcessStatistics.openDescriptors(daemonPID) ?? 0]
+            // A value /proc would not give (signerd is not dumpable, so only
+            // root may list its descriptors) is left out, never shown as 0.
+            rss = ["before": rssBefore, "after": ProcessStatistics.residentKiB(daemonPID)].compactMapValues { $0 }
+            fds = ["before": fdsBefore, "after": ProcessStatistics.openDescriptors(daemonPID)].compactMapValues { $0 }
         }
         var cpu: [String: Double] = [:]
         cpu["signctl"] = ProcessStatistics.perRequest(ownCPUBefore, ownCPUAfter, requests: count)

@@ -439,8 +439,12 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         print(String(format: "throughput: %.0f requests/s", report.throughput))
         print("latency ms: p50 \(ms("p50"))  p90 \(ms("p90"))  p99 \(ms("p99"))  p99.9 \(ms("p99.9"))  max \(ms("max"))  mean \(ms("mean"))")
         print("errors: \(report.errorCount == 0 ? "none" : report.errors.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
-        if let rss = report.rssKiB { print("daemon RSS KiB: before \(rss["before"] ?? 0), after \(rss["after"] ?? 0)") }
-        if let fds = report.openFDs { print("daemon open descriptors: before \(fds["before"] ?? 0), after \(fds["after"] ?? 0)") }
+        func shown(_ value: Int?) -> String { value.map(String.init) ?? "unreadable" }
+        if let rss = report.rssKiB { print("daemon RSS KiB: before \(shown(rss["before"])), after \(shown(rss["after"]))") }
+        if let fds = report.openFDs {
+            let note = fds.count < 2 ? " (/proc/PID/fd of signerd, which is not dumpable, can be listed only by root)" : ""
+            print("daemon open descriptors: before \(shown(fds["before"])), after \(shown(fds["after"]))\(note)")
+        }
         if let cpu = report.cpuMicrosecondsPerRequest, !cpu.isEmpty {
             print("CPU µs per request: " + cpu.sorted { $0.key < $1.key }.map { "\($0.key) " + String(format: "%.1f", $0.value) }.joined(separator: ", "))
         }
