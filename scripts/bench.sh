@@ -224,9 +224,12 @@ for n in range(1, rounds + 1):
 lines.append("")
 def med(key): return statistics.median(x[key] for x in rows)
 def held(test): return "%d of %d rounds" % (sum(1 for x in rows if test(x)), rounds)
-rss128 = max(r["signerd-verify-off-c128"]["rss_kib"]["after"], r["signerd-verify-on-c128"]["rss_kib"]["after"]) / 1024
+def rss_after(key): return (r[key].get("rss_kib") or {}).get("after", float("nan"))
+rss128 = max(rss_after("signerd-verify-off-c128"), rss_after("signerd-verify-on-c128")) / 1024
 s = r["soak"]
-growth = (s["rss_kib"]["after"] - s["rss_kib"]["before"]) / s["rss_kib"]["before"] * 100
+soak_rss = s.get("rss_kib") or {}
+soak_before, soak_after = soak_rss.get("before", float("nan")), soak_rss.get("after", float("nan"))
+growth = (soak_after - soak_before) / soak_before * 100 if soak_before == soak_before and soak_before else float("nan")
 def verdict(ok): return "met" if ok else "**missed**"
 lines.append("| target | measured (median of rounds) | |")
 lines.append("|---|---|---|")
@@ -243,7 +246,7 @@ if "before" in fds and "after" in fds:
 else:
     fds_text, fds_ok = "descriptors not readable (run as root to count them)", False
 lines.append("| soak of %d requests: RSS growth ≤ 5 %%, no descriptor left over | RSS %.1f → %.1f MiB (%+.1f %%), %s, %d errors, %.0f signatures/s | %s |" % (
-    s["requests"], s["rss_kib"]["before"] / 1024, s["rss_kib"]["after"] / 1024, growth, fds_text, sum(s["errors"].values()), s["throughput_rps"],
+    s["requests"], soak_before / 1024, soak_after / 1024, growth, fds_text, sum(s["errors"].values()), s["throughput_rps"],
     verdict(growth <= 5 and fds_ok) if "before" in fds and "after" in fds else "not measured"))
 block = "\n".join(lines)
 print(block)

@@ -132,7 +132,9 @@ public enum ProcessStatistics {
         return nil
     }
 
-    /// The number of open descriptors of `pid`, or nil (needs the same uid or root).
+    /// The number of open descriptors of `pid` (`/proc/PID/fd`), or nil
+    /// when it cannot be listed: only root may list those of a process that
+    /// is not dumpable, as signerd is, even for its own user.
     public static func openDescriptors(_ pid: Int32) -> Int? {
         (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd"))?.count
     }

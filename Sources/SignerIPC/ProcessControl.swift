@@ -51,11 +51,11 @@ public enum ProcessControl {
     /// limit): each connection holds two descriptors (libmicrohttpd's and the
     /// daemon's duplicate for slow-request cut-off).
     /// - Parameter wanted: descriptors needed.
-    /// - Returns: the soft limit in effect.
+    /// - Returns: the soft limit in effect, or nil when it cannot be read.
     @discardableResult
-    public static func raiseOpenFileLimit(to wanted: Int) -> Int {
+    public static func raiseOpenFileLimit(to wanted: Int) -> Int? {
         var limit = rlimit()
-        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return 0 }
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return nil }
         if limit.rlim_cur < rlim_t(wanted) {
             limit.rlim_cur = min(limit.rlim_max, rlim_t(wanted))
             setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)

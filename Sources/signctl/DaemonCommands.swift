@@ -442,7 +442,7 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         func shown(_ value: Int?) -> String { value.map(String.init) ?? "unreadable" }
         if let rss = report.rssKiB { print("daemon RSS KiB: before \(shown(rss["before"])), after \(shown(rss["after"]))") }
         if let fds = report.openFDs {
-            let note = fds.count < 2 ? " (/proc/PID/fd of signerd, which is not dumpable, can be listed only by root)" : ""
+            let note = fds["before"] == nil ? " (/proc/PID/fd of signerd, which is not dumpable, can be listed only by root)" : ""
             print("daemon open descriptors: before \(shown(fds["before"])), after \(shown(fds["after"]))\(note)")
         }
         if let cpu = report.cpuMicrosecondsPerRequest, !cpu.isEmpty {

@@ -68,8 +68,9 @@ func keyCount(_ count: Int) -> String { count == 1 ? "1 key" : "\(count) keys" }
 /// own check kept; and, when fewer than configured, why, for the operator.
 /// - Parameters:
 ///   - configured: `max_connections`.
-///   - limit: the open-file limit in effect (the soft one after raising it),
-///     or nil when there is none.
+///   - limit: the open-file limit: the soft one after raising it for the
+///     daemon, the hard one (what it could be raised to) for
+///     `--check-config`; nil when there is none.
 func connectionBudget(_ configured: Int, openFileLimit limit: Int?) -> (maxConnections: Int, problem: String?) {
     let reserve = HTTPServerOptions().reservedConnections + 1
     let needed = ProcessControl.descriptorsNeeded(connections: configured + reserve)
@@ -205,8 +206,10 @@ func runDaemon() -> Never {
         if socketDirectoryProblem(configuration.socketPath) == nil, let problem = UnixListener.unsafeDirectory(of: configuration.socketPath) {
             print("warning: socket_directory_unsafe: \(problem): binding the socket itself (without signerd.socket) will fail with exit 69")
         }
-        if let problem = connectionBudget(configuration.maxConnections, openFileLimit: ProcessControl.hardOpenFileLimit).problem {
-            // The hard limit: what signerd started from this shell (or by ExecStartPre, under the unit's LimitNOFILE=) could raise its own to.
+        // The hard limit: what signerd started from this shell (or by ExecStartPre, under the unit's LimitNOFILE=) could raise its own to.
+        let budget = connectionBudget(configuration.maxConnections, openFileLimit: ProcessControl.hardOpenFileLimit)
+        if let problem = budget.problem {
+            if budget.maxConnections < 1 { fail(.config, "open_file_limit_too_low: \(problem)") }
             print("warning: open_file_limit_low: \(problem)")
         }
         if let group = configuration.socketGroup, !UnixListener.mayGiveSocket(toGroup: group) {

@@ -336,3 +336,31 @@ struct ConfigurationDirectoryTests {
         #expect(try SignerConfiguration.load(path: link + "/signerd.json").tokenURI == ConfigurationTests.uri)
     }
 }
+
+/// A review found that checking the directories above a path as written
+/// and above where it finally leads missed a symbolic link in the middle
+/// of a chain, kept in another user's directory: that user could point it
+/// at another root-owned configuration or PIN file whenever they liked.
+@Suite("Configuration and PIN files reached through a link another user may change")
+struct LinkChainTests {
+    @Test("a configuration or PIN file reached through a symbolic link that lies in another user's directory is refused, naming that directory",
+          .enabled(if: geteuid() == 0, "giving a directory to another uid (chown) needs root"))
+    func linkInAnotherUsersDirectory() throws {
+        let base = TemporaryDirectory.make(prefix: "signerd-linkchain")
+        #expect(chmod(base, 0o755) == 0)
+        let safe = base + "/safe", theirs = base + "/theirs"
+        #expect(mkdir(safe, 0o755) == 0 && mkdir(theirs, 0o755) == 0 && chown(theirs, 65534, 65534) == 0)
+        #expect(FileManager.default.createFile(atPath: safe + "/signerd.json", contents: Data("{\"token_uri\": \"\(ConfigurationTests.uri)\"}".utf8), attributes: [.posixPermissions: 0o644]))
+        try writeSecretFile(safe + "/pin", "s3cret\n")
+        // base/entry → base/theirs/current → base/safe: every directory written or
+        // reached is root's; the middle link lies in uid 65534's directory.
+        #expect(symlink(safe, theirs + "/current") == 0 && symlink(theirs + "/current", base + "/entry") == 0)
+        let config = #expect(throws: ConfigurationError.self) { try SignerConfiguration.load(path: base + "/entry/signerd.json") }
+        #expect(config?.message.contains("lies below the directory \(theirs) (owner uid 65534") == true, "\(config?.message ?? "no error")")
+        let pin = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(base)/entry/pin").readPIN() }
+        #expect(pin?.code == .pinSourceInsecure && pin?.message.contains("the directory \(theirs) (owner uid 65534") == true, "\(pin?.message ?? "no error")")
+        // The same files named directly are read.
+        #expect(try SignerConfiguration.load(path: safe + "/signerd.json").tokenURI == ConfigurationTests.uri)
+        #expect(try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(safe)/pin").readPIN().count == 6)
+    }
+}
