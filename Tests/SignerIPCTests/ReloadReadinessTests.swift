@@ -53,7 +53,9 @@ struct HungReadinessTests {
     /// that never returns, though the token had recovered and signed.
     @Test("a readiness check hung in C_Sign: the token goes down once and recovers; later /readyz probes check again at once and say ready")
     func probesBehindHungCheck() throws {
-        let daemon = try InProcessDaemon(signTimeoutMs: 1000)
+        // 2 s, not 1: on a busy 2-core runner a sound check or signature
+        // once took past 1 s, was written off too, and took the token down again.
+        let daemon = try InProcessDaemon(signTimeoutMs: 2000)
         defer { daemon.stop() }
         let client = SignerClient(socketPath: daemon.socketPath, timeout: 10)
         let body = daemon.offerBody
@@ -67,7 +69,7 @@ struct HungReadinessTests {
             let probe = try SignerClient(socketPath: daemon.socketPath, timeout: 10).send("GET", "/readyz")
             let seconds = Double(MonotonicClock.now() - started) / 1e9
             #expect(probe.status == 200, "a new check, not the hung one's: \(String(decoding: probe.body, as: UTF8.self))")
-            // A probe behind the hung check would wait at least its 1-s sign_timeout_ms.
+            // A probe behind the hung check would wait at least its 2-s sign_timeout_ms.
             #expect(seconds < 1.0, "answered after \(seconds) s")
             #expect(daemon.verifies(try client.send("POST", "/v1/sign/promotional-offer", body: body)), "signing goes on")
         }
