@@ -129,7 +129,9 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     ///   writable by other users, writable by its group, owned by
     ///   someone other than root and this process's effective uid, or below
     ///   a directory another user could change
-    ///   (``PathSafety/unsafeDirectory(aboveWrittenOrResolved:)``).
+    ///   (``PathSafety/unsafeDirectory(aboveWrittenOrResolved:)``, which
+    ///   may enumerate the user database: call it from one thread at a
+    ///   time, as signerd does at start and on reload).
     public func readPIN() throws(HSMError) -> SecureBytes {
         if let value = p11_kit_uri_get_pin_value(uri) {
             return SecureBytes(copying: UnsafeRawBufferPointer(start: value, count: strlen(value)))

@@ -200,7 +200,8 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// Reads and checks a configuration file. The file is opened once and
     /// checked and read through that descriptor, so what is checked is what
     /// is read: a file swapped after the check (for a FIFO, or another
-    /// user's file) is not.
+    /// user's file) is not. Call it from one thread at a time: the
+    /// directory check may enumerate the user database.
     /// - Parameter path: the JSON file (symbolic links followed).
     /// - Throws: ``ConfigurationError`` naming the key at fault, or the file's
     ///   problem (``checkFile(_:path:)``; a directory above it, as written or
