@@ -80,3 +80,35 @@ struct DocsExamplesTests {
         #expect(tampered.status != 0 && tampered.stdout.contains("Verification failure"), "\(tampered.stdout) \(tampered.stderr)")
     }
 }
+
+/// `open_file_limit_low` was logged for a day before the table of log
+/// messages in docs/OPERATIONS.md named it: an operator reading the journal
+/// found a message the docs did not explain.
+@Suite("Log messages in docs/OPERATIONS.md")
+struct LogMessagesDocumentedTests {
+    @Test("every log message signerd writes at warning or above, and every one from signerd's and SignerIPC's own code, has a row in OPERATIONS.md's table")
+    func everyMessageHasARow() throws {
+        let operations = try String(contentsOfFile: Binaries.root + "/docs/OPERATIONS.md", encoding: .utf8)
+        let rows = operations.split(separator: "\n").filter { $0.hasPrefix("| `") }.map { $0.split(separator: "|").first.map(String.init) ?? "" }
+        // logger.notice("msg", …), logger.log(.warning, "msg", …), fail(.config, "msg", …): the msg is a constant.
+        let pattern = try NSRegularExpression(pattern: #"(?:logger\??\.(trace|debug|info|notice|warning|error|critical)\(|\.log\(\.(trace|debug|info|notice|warning|error|critical),\s*|\bfail\(\.[a-zA-Z]+,\s*)"([a-z][a-z0-9_]*)""#)
+        var checked = 0
+        var missing: [String] = []
+        for directory in ["signerd", "SignerIPC", "HSMSigner"] {
+            let root = Binaries.root + "/Sources/" + directory
+            for file in try FileManager.default.contentsOfDirectory(atPath: root) where file.hasSuffix(".swift") {
+                let text = try String(contentsOfFile: root + "/" + file, encoding: .utf8)
+                for match in pattern.matches(in: text, range: NSRange(text.startIndex..., in: text)) {
+                    let level = [1, 2].compactMap { Range(match.range(at: $0), in: text).map { String(text[$0]) } }.first ?? "critical"
+                    guard let name = Range(match.range(at: 3), in: text).map({ String(text[$0]) }) else { continue }
+                    // HSMSigner's lower levels reach only signctl, whose logger writes warnings and above.
+                    guard directory != "HSMSigner" || ["warning", "error", "critical"].contains(level) else { continue }
+                    checked += 1
+                    if !rows.contains(where: { $0.contains("`\(name)`") }) { missing.append("\(directory)/\(file): \(name) (\(level))") }
+                }
+            }
+        }
+        #expect(checked > 30, "found \(checked) log calls; the pattern no longer matches how the code logs")
+        #expect(missing.isEmpty, "not in docs/OPERATIONS.md's table of log messages: \(Set(missing).sorted())")
+    }
+}
