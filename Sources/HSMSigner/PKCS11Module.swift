@@ -134,8 +134,8 @@ final class PKCS11Module: @unchecked Sendable {
     /// Why the module at `path` may be changed by someone other than root
     /// and this process's user, or nil: the file (after symbolic links)
     /// owned by another user or writable by its group or others, or a
-    /// directory above it or above `path` that another user could change
-    /// (``PathSafety/unsafeDirectory(above:)``). A path that cannot be
+    /// directory on the way to it, through each symbolic link, that another
+    /// user could change (``PathSafety/unsafeDirectory(above:)``). A path that cannot be
     /// resolved for another reason than a missing file (too long, a loop)
     /// is refused, since it could not be checked. A relative path is
     /// resolved by p11-kit in its own module directory; one that climbs out
@@ -150,8 +150,9 @@ final class PKCS11Module: @unchecked Sendable {
             return nil
         }
         let fix = "not loaded: it and every directory above it must belong to root (or this user) and be writable by no one else"
-        // The directories as written first: when they are safe, no one else
-        // can put a file where a missing one is looked for later.
+        // Every directory on the way, link by link, before the file: when
+        // they are safe, no one else can put a file where a missing one is
+        // looked for later.
         if let problem = PathSafety.unsafeDirectory(above: path) {
             return "the PKCS#11 module \(path): \(problem); \(fix)"
         }
@@ -172,9 +173,7 @@ final class PKCS11Module: @unchecked Sendable {
                 return "\(what) may be written by \(mode & mode_t(S_IWOTH) != 0 ? "other users" : "its group"), who could change the code signerd and signctl load; \(fix)"
             }
         }
-        if let problem = PathSafety.unsafeDirectory(above: file) {
-            return "the PKCS#11 module \(path): \(problem); \(fix)"
-        }
+        // The walk above went through every link to `file`: its directories are checked.
         return nil
     }
 

@@ -29,7 +29,9 @@ public enum PathSafety {
     ///   group check enumerates the user database (``groupHasNoOtherMembers(_:)``).
     public static func unsafeDirectory(above path: String) -> String? {
         guard path.hasPrefix("/") else { return nil }
-        if let problem = problem(directory: "/") { return problem }
+        var root = stat()
+        guard lstat("/", &root) == 0 else { return "the directory / cannot be checked (\(String(cString: strerror(errno))))" }
+        if let problem = problem(directory: "/", root) { return problem }
         var pending = ArraySlice(path.split(separator: "/").map(String.init))
         var current = "/"
         var links = 0
@@ -66,20 +68,17 @@ public enum PathSafety {
             guard (info.st_mode & S_IFMT) == S_IFDIR else {
                 return "the directory \(next) cannot be checked (it is not a directory)"
             }
-            if let problem = problem(directory: next) { return problem }
+            if let problem = problem(directory: next, info) { return problem }
             current = next
         }
         return nil
     }
 
     /// Why another user could change entries of `directory`, or nil.
-    static func problem(directory: String) -> String? {
-        var info = stat()
-        // A directory missing now could be made by anyone allowed to write
-        // its parent (in a sticky one, /var/tmp, by any user) after the check.
-        guard stat(directory, &info) == 0 else {
-            return "the directory \(directory) cannot be checked (\(String(cString: strerror(errno))))"
-        }
+    /// - Parameters:
+    ///   - directory: the directory's path (for the message and its ACL).
+    ///   - info: its `lstat(2)`, taken by the walk that reached it.
+    static func problem(directory: String, _ info: stat) -> String? {
         let mode = info.st_mode & 0o7777
         let described = "the directory \(directory) (owner uid \(info.st_uid), group gid \(info.st_gid), mode \(String(mode, radix: 8)))"
         if info.st_uid != 0 && info.st_uid != geteuid() {

@@ -121,6 +121,10 @@ public struct HTTPServerOptions: Sendable {
     /// server's own uid (the systemd watchdog's `/healthz` check, an
     /// operator), so that other clients can never take every slot.
     public var reservedConnections = 8
+    /// Every connection slot libmicrohttpd is given: ``connectionLimit``,
+    /// the ``reservedConnections`` and one more that only this process's
+    /// own connection (its watchdog check) may take.
+    public var connectionSlots: Int { connectionLimit + reservedConnections + 1 }
     /// Idle keep-alive connections are closed after this many seconds.
     public var idleTimeoutSeconds = 60
     /// A request still arriving after this many seconds (from its request
@@ -283,7 +287,7 @@ public final class HTTPServer: @unchecked Sendable {
         settings.listen_fd = listenDescriptor
         // One more than the reserve: the slot only this process's own
         // connection (its watchdog check) may take, whoever holds the rest.
-        settings.connection_limit = UInt32(options.connectionLimit + options.reservedConnections + 1)
+        settings.connection_limit = UInt32(options.connectionSlots)
         settings.connection_timeout_s = UInt32(options.idleTimeoutSeconds)
         settings.connection_memory_limit = max(16 * 1024, 2 * options.maxHeaderBytes)
         let context = Unmanaged.passUnretained(self).toOpaque()

@@ -63,6 +63,15 @@ func socketDirectoryHint(_ socketPath: String) -> String {
 /// "1 key", "2 keys": for systemd's STATUS= line.
 func keyCount(_ count: Int) -> String { count == 1 ? "1 key" : "\(count) keys" }
 
+/// Open descriptors signerd wants for `max_connections` connections: every
+/// slot libmicrohttpd is given (``HTTPServerOptions/connectionSlots``), two
+/// descriptors each, and those kept for the module's files.
+func descriptorsWanted(_ maxConnections: Int) -> Int {
+    var options = HTTPServerOptions()
+    options.connectionLimit = maxConnections
+    return ProcessControl.descriptorsNeeded(connections: options.connectionSlots)
+}
+
 /// How many connections `max_connections` can have within an open-file
 /// limit of `limit` descriptors, with the reserve for root and the daemon's
 /// own check kept; and, when fewer than configured, why, for the operator.
@@ -72,8 +81,8 @@ func keyCount(_ count: Int) -> String { count == 1 ? "1 key" : "\(count) keys" }
 ///     daemon, the hard one (what it could be raised to) for
 ///     `--check-config`; nil when there is none.
 func connectionBudget(_ configured: Int, openFileLimit limit: Int?) -> (maxConnections: Int, problem: String?) {
-    let reserve = HTTPServerOptions().reservedConnections + 1
-    let needed = ProcessControl.descriptorsNeeded(connections: configured + reserve)
+    let reserve = HTTPServerOptions().connectionSlots - HTTPServerOptions().connectionLimit
+    let needed = descriptorsWanted(configured)
     guard let limit, limit < needed else { return (configured, nil) }
     let fitting = ProcessControl.connectionsFitting(openFileLimit: limit) - reserve
     let raise = "raise the hard open-file limit to \(needed) (LimitNOFILE= in the unit, which ships with 8192; ulimit -Hn by hand) or lower max_connections"
@@ -220,8 +229,7 @@ func runDaemon() -> Never {
     }
     let logger = Logger(minimumLevel: configuration.logLevel)
     for advisory in configuration.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
-    let wantedDescriptors = ProcessControl.descriptorsNeeded(connections: configuration.maxConnections + HTTPServerOptions().reservedConnections + 1)
-    let budget = connectionBudget(configuration.maxConnections, openFileLimit: ProcessControl.raiseOpenFileLimit(to: wantedDescriptors))
+    let budget = connectionBudget(configuration.maxConnections, openFileLimit: ProcessControl.raiseOpenFileLimit(to: descriptorsWanted(configuration.maxConnections)))
     if let problem = budget.problem {
         // Connections past the budget would take the descriptors SoftHSM
         // opens its token files with: the token would go down for everyone.

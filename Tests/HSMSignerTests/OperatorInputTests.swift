@@ -164,15 +164,11 @@ struct MissingPathTests {
 struct PINDirectoryTests {
     @Test("a PIN file below a directory others may write (no sticky bit), directly or through a link, is pin_source_insecure; below a sticky one it is read")
     func pinBelowWritableDirectory() throws {
-        let base = TemporaryDirectory.make(prefix: "signerd-pindir")
-        let open = base + "/open"
-        #expect(mkdir(open, 0o700) == 0 && chmod(open, 0o777) == 0 && mkdir(open + "/inner", 0o700) == 0)
-        try writeSecretFile(open + "/inner/pin", "s3cret\n")
         // As written, the link's path passes (stat follows it to a 0700
         // directory); after symbolic links it lies below the open one.
-        let link = base + "/via-link"
-        #expect(symlink(open + "/inner", link) == 0)
-        for path in [open + "/inner/pin", link + "/pin"] {
+        let (open, inner, link) = TemporaryDirectory.makeBelowOpen(prefix: "signerd-pindir")
+        try writeSecretFile(inner + "/pin", "s3cret\n")
+        for path in [inner + "/pin", link + "/pin"] {
             let error = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(path)").readPIN() }
             #expect(error?.code == .pinSourceInsecure)
             #expect(error?.message.contains("lies below the directory \(open) (owner uid \(geteuid())") == true, "\(error?.message ?? "no error")")

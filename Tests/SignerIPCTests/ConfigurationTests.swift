@@ -320,13 +320,9 @@ struct ConfigurationFileKindTests {
 struct ConfigurationDirectoryTests {
     @Test("a configuration below a directory others may write without the sticky bit is refused, as written and after symbolic links; below a sticky one it loads")
     func belowWritableDirectory() throws {
-        let base = TemporaryDirectory.make(prefix: "signerd-confdir-open")
-        let open = base + "/open"
-        #expect(mkdir(open, 0o700) == 0 && chmod(open, 0o777) == 0 && mkdir(open + "/inner", 0o700) == 0)
-        let file = open + "/inner/signerd.json"
+        let (open, inner, link) = TemporaryDirectory.makeBelowOpen(prefix: "signerd-confdir-open")
+        let file = inner + "/signerd.json"
         #expect(FileManager.default.createFile(atPath: file, contents: Data("{\"token_uri\": \"\(ConfigurationTests.uri)\"}".utf8), attributes: [.posixPermissions: 0o644]))
-        let link = base + "/via-link"
-        #expect(symlink(open + "/inner", link) == 0)
         for path in [file, link + "/signerd.json"] {
             let error = #expect(throws: ConfigurationError.self) { try SignerConfiguration.load(path: path) }
             #expect(error?.message.hasPrefix("the configuration file \(path) lies below the directory \(open) (owner uid \(geteuid())") == true, "\(error?.message ?? "no error")")

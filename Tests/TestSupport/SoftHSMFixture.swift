@@ -84,6 +84,18 @@ public enum TemporaryDirectory {
         }
     }()
 
+    /// Paths for the directory checks: `open`, a directory others may write
+    /// (0777, no sticky bit) in a fresh temporary one; `inner`, a 0700
+    /// directory inside it; `link`, a symbolic link to `inner` beside
+    /// `open`, whose path as written passes through no open directory.
+    public static func makeBelowOpen(prefix: String) -> (open: String, inner: String, link: String) {
+        let base = make(prefix: prefix)
+        let open = base + "/open", inner = open + "/inner", link = base + "/via-link"
+        precondition(mkdir(open, 0o700) == 0 && chmod(open, 0o777) == 0 && mkdir(inner, 0o700) == 0 && symlink(inner, link) == 0,
+                     "cannot make \(open): \(String(cString: strerror(errno)))")
+        return (open, inner, link)
+    }
+
     /// A fresh directory under $TMPDIR (or /tmp), mode 0700, removed at exit.
     public static func make(prefix: String) -> String {
         _ = cleanup
