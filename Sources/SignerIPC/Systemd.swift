@@ -40,12 +40,21 @@ public enum Systemd {
         return sent == message.count
     }
 
-    /// Half the watchdog interval the unit set (`WatchdogSec=`), in seconds,
-    /// when it is meant for this process; nil when there is no watchdog.
+    /// The longest ping interval, in seconds: one hour. A longer
+    /// `WatchdogSec=` is pinged every hour, which systemd accepts (more
+    /// pings than needed are harmless), and the interval stays within what
+    /// `usleep(3)` takes (`useconds_t`, about 71 minutes).
+    public static let longestWatchdogPingInterval: Double = 3600
+
+    /// Half the watchdog interval the unit set (`WatchdogSec=`, from
+    /// `$WATCHDOG_USEC` in microseconds), in seconds, at most
+    /// ``longestWatchdogPingInterval``, when it is meant for this process
+    /// (`$WATCHDOG_PID` absent or this process); nil when there is no
+    /// watchdog. See sd_watchdog_enabled(3).
     public static var watchdogPingInterval: Double? {
         guard let usec = environment("WATCHDOG_USEC").flatMap(UInt64.init), usec > 0 else { return nil }
         if let pid = environment("WATCHDOG_PID").flatMap(Int32.init), pid != getpid() { return nil }
-        return Double(usec) / 2e6
+        return min(Double(usec) / 2e6, longestWatchdogPingInterval)
     }
 
     /// The listening socket systemd passed (`signerd.socket`), if any:

@@ -92,6 +92,22 @@ struct SystemdTests {
         #expect(notify.messages(for: 1).contains("STOPPING=1"))
     }
 
+    /// `WatchdogSec=3h` made the ping thread's `usleep` trap: 5,400 s is
+    /// beyond `useconds_t`, and signerd died right after `READY=1`.
+    @Test("a WatchdogSec beyond usleep's range (3 h) is pinged hourly, and signerd keeps serving")
+    func longWatchdogInterval() throws {
+        let daemon = try DaemonHarness()
+        let notify = try NotifyListener(directory: daemon.directory)
+        try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "10800000000"])
+        let startup = notify.messages(for: 5, until: "READY=1")
+        #expect(startup.last?.contains("READY=1") == true, "\(startup)")
+        _ = notify.messages(for: 1)
+        #expect(daemon.process?.isRunning == true, "signerd exited after READY=1: \(daemon.log.suffix(5))")
+        let health = try daemon.client().send("GET", "/healthz")
+        #expect(health.status == 200)
+        #expect(daemon.stop() == 0)
+    }
+
     /// The watchdog's `/healthz` self-check went through the per-uid rate
     /// limit: clients of signerd's own uid over the limit got its checks
     /// refused, the pings stopped, and systemd would kill a healthy daemon.
