@@ -229,7 +229,9 @@ public struct LoadGenerator: Sendable {
         guard let key = keys.first(where: { keyID == nil || $0.keyID == keyID }) else {
             throw BenchmarkError("no configured key\(keyID.map { " \($0)" } ?? "") is listed by /v1/keys")
         }
-        let bundle = bundleID ?? key.bundleIDs[0]
+        guard let bundle = bundleID ?? key.bundleIDs.first else {
+            throw BenchmarkError("key \(key.keyID) is listed with no bundle ID; pass --bundle-id")
+        }
         // Every key's public key: the daemon may choose another key than the first (offers names none).
         var publicKeys: [String: ECPublicKey] = [:]
         for listed in keys {

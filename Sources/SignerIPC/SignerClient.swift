@@ -118,6 +118,9 @@ public final class SignerClient {
                 headEnd = end
                 break
             }
+            guard buffer.count <= Self.maximumHeadBytes else {
+                throw SocketError("the response's head is longer than \(Self.maximumHeadBytes) bytes: the socket's server is not signerd")
+            }
             if try fill(connection) == 0 {
                 throw SocketError(sawBytes ? "the daemon closed the connection mid-response" : "the daemon closed the connection")
             }
@@ -125,7 +128,7 @@ public final class SignerClient {
         }
         let head = try HTTPHead(buffer[0..<headEnd!])  // set in the loop
         buffer.removeFirst(headEnd! + 4)
-        let length = Int(head.headers["content-length"] ?? "0") ?? 0
+        let length = try Self.contentLength(head.headers["content-length"])
         while buffer.count < length {
             if try fill(connection) == 0 {
                 throw SocketError("the daemon closed the connection mid-response")
@@ -137,6 +140,28 @@ public final class SignerClient {
             close()
         }
         return ClientResponse(status: head.status, headers: head.headers, body: body)
+    }
+
+    /// The longest response head read, in bytes: signerd's are a few
+    /// hundred.
+    static let maximumHeadBytes = 64 * 1024
+
+    /// The longest response body read, in bytes: signerd's largest answer
+    /// (`/metrics`, `/v1/keys`) is tens of KiB.
+    static let maximumBodyBytes = 64 * 1024 * 1024
+
+    /// A response's `Content-Length` (RFC 9110, section 8.6: 1*DIGIT),
+    /// 0 when absent.
+    /// - Throws: ``SocketError`` for anything but decimal digits, or a
+    ///   length over ``maximumBodyBytes``: the socket's server is then not
+    ///   signerd, and nothing of its answer is trusted.
+    static func contentLength(_ value: String?) throws(SocketError) -> Int {
+        guard let value else { return 0 }
+        guard !value.isEmpty, value.utf8.count <= 9, value.utf8.allSatisfy({ $0 >= 0x30 && $0 <= 0x39 }),
+              let length = Int(value), length <= maximumBodyBytes else {
+            throw SocketError("the response's Content-Length is not a byte count up to \(maximumBodyBytes): the socket's server is not signerd")
+        }
+        return length
     }
 
     private func fill(_ connection: UnixConnection) throws(SocketError) -> Int {
