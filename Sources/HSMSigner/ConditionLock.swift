@@ -135,9 +135,24 @@ public enum OSThread {
         init(_ body: @escaping () -> Void) { self.body = body }
     }
 
-    /// Runs `body` on a new detached thread.
+    /// Runs `body` on a new detached thread (`pthread_create`).
+    ///
+    /// When the system has no thread to give (`EAGAIN`: `RLIMIT_NPROC`,
+    /// systemd's `TasksMax=`, the kernel's thread limit), `body` does not
+    /// run at all, and the caller decides what to do: running it inline
+    /// instead would run long work (token recovery, a load loop) on a
+    /// thread that may hold locks others wait for.
     /// - Parameter body: the work; it owns the thread until it returns.
-    public static func start(_ body: @escaping @Sendable () -> Void) {
+    /// - Returns: false when no thread could be made; `body` was not run.
+    @discardableResult
+    public static func start(_ body: @escaping @Sendable () -> Void) -> Bool {
+        if failuresToInject.withLock({ count in
+            guard count > 0 else { return false }
+            count -= 1
+            return true
+        }) {
+            return false
+        }
         let box = Unmanaged.passRetained(Box(body)).toOpaque()
         var thread = pthread_t()
         var attributes = pthread_attr_t()
@@ -149,11 +164,18 @@ public enum OSThread {
             return nil
         }, box)
         pthread_attr_destroy(&attributes)
-        if result != 0 {
-            // Out of threads: run inline rather than lose the work.
-            Unmanaged<Box>.fromOpaque(box).takeRetainedValue().body()
+        guard result == 0 else {
+            Unmanaged<Box>.fromOpaque(box).release()
+            return false
         }
+        return true
     }
+
+    /// How many of the next ``start(_:)`` calls fail as if `pthread_create`
+    /// had returned `EAGAIN`: the seam through which tests give a process
+    /// that is out of threads (root, which the tests run as, is not held to
+    /// `RLIMIT_NPROC`).
+    package static let failuresToInject = Locked(0)
 }
 
 /// A value guarded by a plain pthread mutex, with the `withLock` shape of

@@ -130,6 +130,9 @@ public final class HSMToken: @unchecked Sendable {
         var anchorSession: UInt?
         var status: TokenStatus = .up
         var recovering = false
+        /// The recovery thread could not be started in this outage
+        /// (logged once; cleared when the token is up again).
+        var recoveryThreadFailed = false
         var downSince: UInt64 = 0
         /// The `CK_RV` that took the token down, when one did: requests
         /// refused during the outage are counted under its `CKR_*` name.
@@ -952,6 +955,7 @@ public final class HSMToken: @unchecked Sendable {
         case .down(let reason):
             var error = unavailable(reason: reason, underlying: nil)
             error.returnValue = state.withLock { $0.downReturnValue }
+            restartRecoveryIfIdle()
             throw error
         case .pinRejected(let rv):
             var error = HSMError(.pinRejected, "the token refused the configured PIN (\(rv)); fix the PIN source and reload")
@@ -1001,7 +1005,50 @@ public final class HSMToken: @unchecked Sendable {
         }
         guard start else { return }
         logger.error("token_down", ["token.label": .string(label), "reason": .string(reason)])
-        OSThread.start { [weak self] in self?.recover() }
+        startRecovery()
+    }
+
+    /// Where the token stands, for a request about to use it: as
+    /// ``status``, and when the token is down with no recovery running
+    /// (its thread could not be made), recovery is started again.
+    /// - Returns: the token's status.
+    public func statusForRequest() -> TokenStatus {
+        let status = self.status
+        if case .down = status { restartRecoveryIfIdle() }
+        return status
+    }
+
+    /// Starts recovery again when the token is down and none is running:
+    /// its thread could not be made when the token went down.
+    private func restartRecoveryIfIdle() {
+        let restart = state.withLock { state in
+            guard case .down = state.status, !state.recovering, !state.closed else { return false }
+            state.recovering = true
+            return true
+        }
+        if restart { startRecovery() }
+    }
+
+    /// Starts the recovery thread for a caller that set `recovering`. When
+    /// the process has no thread to give, recovery does not run inline (its
+    /// callers include the HTTP server's supervisor, holding the server's
+    /// locks, and recovery loops until the token is back): `recovering` is
+    /// cleared, `recovery_thread_failed` is logged once per outage, and the
+    /// next request that finds the token down (``statusForRequest()``, or
+    /// a signature's own check) tries again.
+    private func startRecovery() {
+        if OSThread.start({ [weak self] in self?.recover() }) { return }
+        let firstFailure = state.withLock { state in
+            state.recovering = false
+            defer { state.recoveryThreadFailed = true }
+            return !state.recoveryThreadFailed
+        }
+        if firstFailure {
+            logger.error("recovery_thread_failed", [
+                "token.label": .string(label),
+                "hint": "the process is out of threads (systemd TasksMax=, RLIMIT_NPROC, kernel.threads-max); recovery is tried again by the next request that finds the token down",
+            ])
+        }
     }
 
     /// The recovery loop: reinitialize the module, find the token, log in,
@@ -1034,6 +1081,7 @@ public final class HSMToken: @unchecked Sendable {
                     guard !state.closed else { return nil }
                     state.status = .up
                     state.needsReinitialize = false
+                    state.recoveryThreadFailed = false
                     return (state.label, state.downSince)
                 }
                 guard let (label, since) = recovered else { return }

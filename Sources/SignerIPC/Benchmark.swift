@@ -83,6 +83,7 @@ final class BenchmarkClock: Sendable {
     let remaining: Atomic<Int>
     let deadline: UInt64
     let limitedByCount: Bool
+    private let halted = Atomic(false)
 
     init(_ length: BenchmarkLength) {
         switch length {
@@ -97,8 +98,15 @@ final class BenchmarkClock: Sendable {
         }
     }
 
+    /// Ends the run for every thread: one of them could not be started.
+    func stop() { halted.store(true, ordering: .relaxed) }
+
+    /// Whether ``stop()`` ended the run.
+    var stopped: Bool { halted.load(ordering: .relaxed) }
+
     /// Claims one more request; false when the run is over.
     func next() -> Bool {
+        if stopped { return false }
         if limitedByCount {
             return remaining.subtract(1, ordering: .relaxed).newValue >= 0
         }
@@ -217,7 +225,8 @@ public struct LoadGenerator: Sendable {
     /// Runs the load and reports.
     /// - Throws: ``SocketError`` when the daemon is unreachable at the start,
     ///   or a ``BenchmarkError`` when `GET /v1/keys` is refused (with the
-    ///   daemon's answer) or no key serves a bundle.
+    ///   daemon's answer), no key serves a bundle, or a load thread cannot
+    ///   be started.
     public func run() throws -> BenchmarkReport {
         let probe = SignerClient(socketPath: socketPath, timeout: 30)
         let listing = try probe.send("GET", "/v1/keys")
@@ -256,12 +265,17 @@ public struct LoadGenerator: Sendable {
             group.enter()
             let generator = self
             let verifyKeys = verify ? publicKeys : nil
-            OSThread.start {
+            let threadStarted = OSThread.start {
                 defer { group.leave() }
                 generator.loop(path: path, body: requestBody, bundleID: bundle, publicKeys: verifyKeys, clock: clock, tally: tally)
             }
+            if !threadStarted {
+                group.leave()
+                clock.stop()
+            }
         }
         group.wait()
+        guard !clock.stopped else { throw BenchmarkError.outOfThreads(concurrency) }
         let elapsed = Double(MonotonicClock.now() - started) / 1e9
         let ownCPUAfter = ProcessStatistics.ownCPUMicroseconds()
         let daemonCPUAfter = daemonPID.flatMap(ProcessStatistics.cpuMicroseconds)
@@ -409,6 +423,11 @@ public struct BenchmarkError: Error, CustomStringConvertible {
         self.description = description
         self.response = response
     }
+
+    /// Not every one of `concurrency` load threads could be started.
+    static func outOfThreads(_ concurrency: Int) -> BenchmarkError {
+        BenchmarkError("could not start \(concurrency) threads (the process is out of threads: ulimit -u, TasksMax=); the run was stopped")
+    }
 }
 
 /// The baseline: the same SHA-256 + `C_SignInit`/`C_Sign` loop through the
@@ -437,7 +456,8 @@ public struct DirectBenchmark: Sendable {
     }
 
     /// Runs the loop and reports.
-    /// - Throws: ``HSMError`` when the key is unusable.
+    /// - Throws: ``HSMError`` when the key is unusable; ``BenchmarkError``
+    ///   when a signing thread cannot be started.
     public func run() throws -> BenchmarkReport {
         let publicKey = try token.publicKey(keyID: keyID)
         _ = try token.sign(digest: SHA256.hash([0]), keyID: keyID)  // warm the key handle cache
@@ -449,7 +469,7 @@ public struct DirectBenchmark: Sendable {
         for (index, tally) in tallies.enumerated() {
             group.enter()
             let benchmark = self
-            OSThread.start {
+            let threadStarted = OSThread.start {
                 defer { group.leave() }
                 var counter = 0
                 while clock.next() {
@@ -475,8 +495,13 @@ public struct DirectBenchmark: Sendable {
                     }
                 }
             }
+            if !threadStarted {
+                group.leave()
+                clock.stop()
+            }
         }
         group.wait()
+        guard !clock.stopped else { throw BenchmarkError.outOfThreads(concurrency) }
         let elapsed = Double(MonotonicClock.now() - started) / 1e9
         let cpuAfter = ProcessStatistics.ownCPUMicroseconds()
         let (count, latencies, errors) = BenchmarkTally.merge(tallies)

@@ -278,7 +278,8 @@ public final class HTTPServer: @unchecked Sendable {
     /// Starts libmicrohttpd's listening thread (connection threads follow
     /// connections) and the thread that drops slow requests and answers
     /// hung ones.
-    /// - Throws: ``SocketError`` when `MHD_start_daemon` fails.
+    /// - Throws: ``SocketError`` when `MHD_start_daemon` fails, or no thread
+    ///   is left for the supervisor that answers hung calls.
     public func start() throws(SocketError) {
         var settings = CSignerShim_mhd_options()
         // ITC lets MHD_quiesce_daemon stop the listening thread's accepts.
@@ -306,7 +307,13 @@ public final class HTTPServer: @unchecked Sendable {
         }
         daemon = started
         supervising.store(true, ordering: .releasing)
-        OSThread.start { [self] in superviseConnections() }
+        guard OSThread.start({ [self] in superviseConnections() }) else {
+            // No watchdog for hung calls and slow requests: do not serve without it.
+            supervising.store(false, ordering: .releasing)
+            MHD_stop_daemon(started)
+            daemon = nil
+            throw SocketError("cannot start the connection supervisor thread (the process is out of threads)")
+        }
     }
 
     /// Stops accepting new connections (`MHD_quiesce_daemon`); open ones are still served.

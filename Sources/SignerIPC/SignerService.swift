@@ -155,7 +155,7 @@ public final class SignerService: HTTPHandler, Sendable {
             return respond(.failure(limited))
         }
         // While the token is down, signing requests fail fast instead of queueing.
-        if route.method == "POST", case .down(let reason) = token.status {
+        if route.method == "POST", case .down(let reason) = token.statusForRequest() {
             var error = APIError(.hsmUnavailable, "the HSM is unavailable (\(reason)); recovery is running")
             error.retryAfter = 1
             return respond(.failure(error))

@@ -139,12 +139,21 @@ final class ReloadSelfTests: @unchecked Sendable {
             return true
         }
         guard started else { return }
-        OSThread.start {
+        let threadStarted = OSThread.start {
             _ = selfTest(keys, token: token, logger: logger, stopped: { self.lock.withLock { self.stopping } })
-            self.lock.withLock {
-                self.running -= 1
-                self.lock.broadcast()
-            }
+            self.finished()
+        }
+        if !threadStarted {
+            logger.warning("self_test_skipped", ["error": "no thread could be started for the self-test (the process is out of threads)",
+                                                 "hint": "GET /readyz tests the keys when asked"])
+            finished()
+        }
+    }
+
+    private func finished() {
+        lock.withLock {
+            running -= 1
+            lock.broadcast()
         }
     }
 
@@ -335,13 +344,18 @@ func runDaemon() -> Never {
     if let interval = Systemd.watchdogPingInterval {
         // Ping only while the HTTP server answers its own /healthz: a wedged
         // server stops the pings and systemd restarts the service.
-        OSThread.start {
+        let pinging = OSThread.start {
             while true {
                 usleep(useconds_t(interval * 1_000_000))
                 if let answer = try? SignerClient(socketPath: listeningPath, timeout: max(1, interval / 2)).send("GET", "/healthz"), answer.status == 200 {
                     Systemd.notify("WATCHDOG=1")
                 }
             }
+        }
+        if !pinging {
+            // Without pings systemd would kill signerd at WatchdogSec anyway: say why now.
+            removeSocketFile()
+            fail(.unavailable, "http_start_failed", logger: logger, ["error": "no thread could be started for the systemd watchdog's pings (the process is out of threads)"])
         }
     }
     logger.notice("signerd_ready", [
@@ -351,30 +365,44 @@ func runDaemon() -> Never {
     ])
 
     let reloadSelfTests = ReloadSelfTests()
+    let startConfiguration = configuration
+    // Reloads run on a thread of their own: one can wait on the token (a
+    // C_Login, or recovery's login holding the PIN), and this thread must
+    // stay free to take SIGTERM.
+    let reloads = ReloadRunner {
+        logger.info("reload_requested", ["config.path": .string(configPath)])
+        Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(Systemd.monotonicMicroseconds)")
+        defer { Systemd.notify("READY=1\nSTATUS=serving \(keyCount(service.configuration.keys.count)) on \(listeningPath)") }
+        do {
+            let fresh = try SignerConfiguration.load(path: configPath)
+            try service.reload(fresh)
+            logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count))])
+            // Against the start's values, which are the ones in effect.
+            let unchanged = fresh.restartOnlyChanges(from: startConfiguration)
+            if !unchanged.isEmpty {
+                logger.warning("config_reload_needs_restart", [
+                    "options": .string(unchanged.joined(separator: ", ")),
+                    "hint": "these keep their values from the start until signerd restarts (systemctl restart signerd; run by hand, stop it and start it again); the rest of the file is in effect",
+                ])
+            }
+            for advisory in fresh.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
+            // As at start, a key that cannot sign is named now rather than by the first request;
+            // on a thread of its own, so a slow token cannot hold up the next reload.
+            reloadSelfTests.start(fresh.keys, token: token, logger: logger)
+        } catch {
+            logger.error("config_reload_refused", ["error": .string("\(error)"), "hint": "the previous configuration stays in effect"])
+        }
+    }
     while true {
         let received = ProcessControl.waitForSignal(handledSignals)
         if received == SIGHUP {
-            logger.info("reload_requested", ["config.path": .string(configPath)])
-            Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(Systemd.monotonicMicroseconds)")
-            defer { Systemd.notify("READY=1\nSTATUS=serving \(keyCount(service.configuration.keys.count)) on \(listeningPath)") }
-            do {
-                let fresh = try SignerConfiguration.load(path: configPath)
-                try service.reload(fresh)
-                logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count))])
-                // Against the start's values, which are the ones in effect.
-                let unchanged = fresh.restartOnlyChanges(from: configuration)
-                if !unchanged.isEmpty {
-                    logger.warning("config_reload_needs_restart", [
-                        "options": .string(unchanged.joined(separator: ", ")),
-                        "hint": "these keep their values from the start until signerd restarts (systemctl restart signerd; run by hand, stop it and start it again); the rest of the file is in effect",
-                    ])
-                }
-                for advisory in fresh.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
-                // As at start, a key that cannot sign is named now rather than by the first request;
-                // on a thread of its own, so a slow token cannot hold up the next signal.
-                reloadSelfTests.start(fresh.keys, token: token, logger: logger)
-            } catch {
-                logger.error("config_reload_refused", ["error": .string("\(error)"), "hint": "the previous configuration stays in effect"])
+            switch reloads.request() {
+            case .queued:
+                logger.info("reload_queued", ["hint": "a reload is still running (waiting for the token); the file is read again when it ends"])
+            case .noThread:
+                logger.error("config_reload_refused", ["error": "no thread could be started for the reload (the process is out of threads)", "hint": "the previous configuration stays in effect; send SIGHUP again"])
+            case .started, .stopping:
+                break
             }
             continue
         }
@@ -388,7 +416,12 @@ func runDaemon() -> Never {
         if listening >= 0 { close(listening) }
         // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
         let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)
-        // A reload's self-test may still be signing: the token is closed only after it.
+        // A reload may still be waiting on the token (a hung C_Login); its
+        // self-test may still be signing: the token is closed only after them.
+        let reloadFinished = reloads.stop(waitingSeconds: Double(configuration.signTimeoutMs) / 1000 + 5)
+        if !reloadFinished {
+            logger.warning("reload_unfinished", ["reason": "a reload is still waiting on the token (a C_Login that does not return); signerd stops regardless"])
+        }
         if !reloadSelfTests.stop(waitingSeconds: Double(configuration.signTimeoutMs) / 1000 + 5) {
             logger.warning("self_test_unfinished", ["reason": "a reload's key self-test is still inside a PKCS#11 call; the token is closed regardless"])
         }
@@ -403,7 +436,7 @@ func runDaemon() -> Never {
         // atexit handlers and C++ static destructors (the PKCS#11 module's)
         // would run under it, and crashed the process once in a stress run:
         // leave without them. Log lines are already written (write(2)).
-        if !joined { _exit(0) }
+        if !joined || !reloadFinished { _exit(0) }
         exit(0)
     }
 }

@@ -1,0 +1,93 @@
+import HSMSigner
+
+/// Runs configuration reloads (`SIGHUP`) on a thread of their own, one at
+/// a time, so that the thread waiting for signals is never held up by one.
+///
+/// A reload may block for as long as the token does: it logs in again when
+/// the PIN source changed (`C_Login`), and it waits for a login already in
+/// progress (token recovery holds the PIN for its `C_Login`). On a network
+/// HSM that hangs, a reload run on the signal thread kept signerd from ever
+/// taking the `SIGTERM` that followed. Here a request returns at once;
+/// requests made while a reload runs are merged into one more reload after
+/// it, which reads the file as it then is.
+public final class ReloadRunner: @unchecked Sendable {
+    /// What ``request()`` did.
+    public enum Outcome: Equatable, Sendable {
+        /// A reload began on a new thread.
+        case started
+        /// A reload is running; one more runs after it.
+        case queued
+        /// ``stop(waitingSeconds:)`` was called: no reload runs any more.
+        case stopping
+        /// No thread could be made for it (the process is out of threads).
+        case noThread
+    }
+
+    // `running`, `pending` and `stopping` are only touched with `lock` held.
+    private let lock = ConditionLock()
+    private var running = false
+    private var pending = false
+    private var stopping = false
+    private let reload: @Sendable () -> Void
+
+    /// - Parameter reload: one reload: read the file, apply it, report.
+    ///   Runs on the runner's thread, never two at once.
+    public init(_ reload: @escaping @Sendable () -> Void) {
+        self.reload = reload
+    }
+
+    /// Asks for a reload without waiting for it.
+    /// - Returns: whether it started, was queued behind a running one, or
+    ///   was refused (stopping, or no thread).
+    @discardableResult
+    public func request() -> Outcome {
+        let outcome: Outcome = lock.withLock {
+            if stopping { return .stopping }
+            if running {
+                pending = true
+                return .queued
+            }
+            running = true
+            return .started
+        }
+        guard outcome == .started else { return outcome }
+        let started = OSThread.start { [self] in
+            while true {
+                reload()
+                let again = lock.withLock {
+                    if pending && !stopping {
+                        pending = false
+                        return true
+                    }
+                    running = false
+                    lock.broadcast()
+                    return false
+                }
+                if !again { return }
+            }
+        }
+        if started { return .started }
+        lock.withLock {
+            running = false
+            lock.broadcast()
+        }
+        return .noThread
+    }
+
+    /// Lets no reload begin, then waits for the one running.
+    /// - Parameter seconds: how long to wait at most.
+    /// - Returns: false when a reload was still running at the deadline
+    ///   (stuck in the token); the caller must not finalize the module
+    ///   under it, nor run exit handlers.
+    public func stop(waitingSeconds seconds: Double) -> Bool {
+        let deadline = MonotonicClock.deadline(after: seconds)
+        return lock.withLock {
+            stopping = true
+            pending = false
+            while running {
+                if !lock.wait(untilMonotonic: deadline) { return !running }
+            }
+            return true
+        }
+    }
+}
