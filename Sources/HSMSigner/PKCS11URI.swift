@@ -59,7 +59,11 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         guard let uri = p11_kit_uri_new() else {
             throw HSMError(.invalidURI, "p11_kit_uri_new failed")
         }
-        self.uri = uri
+        // Every throw below comes before `self.uri` is set, so `deinit` does
+        // not run for a URI refused here (Swift runs it only for a fully
+        // initialized object): free it on the way out instead.
+        var kept = false
+        defer { if !kept { p11_kit_uri_free(uri) } }
         let result = p11_kit_uri_parse(text, P11_KIT_URI_FOR_ANY, uri)
         guard result == P11_KIT_URI_OK.rawValue else {
             let reason = p11_kit_uri_message(result).map { String(cString: $0) } ?? "code \(result)"
@@ -101,6 +105,8 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         guard pinSource == nil || !hasPINValue else {
             throw HSMError(.invalidURI, "token_uri has both pin-value and pin-source; keep one, preferably pin-source=file:/path/to/pin (which PIN to use would be ambiguous)")
         }
+        self.uri = uri
+        kept = true
     }
 
     deinit {
