@@ -297,6 +297,16 @@ struct PKCS11Functions: @unchecked Sendable {
 
     private var list: UnsafeMutablePointer<CK_FUNCTION_LIST> { module.list }
 
+    /// The most slots `C_GetSlotList` may report before the module is
+    /// taken for broken (`CKR_GENERAL_ERROR`) rather than trusted to size
+    /// an allocation.
+    static let mostSlots: CK_ULONG = 4096
+
+    /// The longest attribute value `C_GetAttributeValue` may report, in
+    /// bytes, before the module is taken for broken (`CKR_GENERAL_ERROR`):
+    /// signerd reads labels, IDs, EC parameters and points, all well under it.
+    static let longestAttribute: CK_ULONG = 64 * 1024
+
     /// Runs `body`, which calls into the function table, inside the
     /// module's call gate (``PKCS11Module/enter()``); once the module is
     /// finalized, or while it is being finalized, returns `refused`
@@ -322,10 +332,12 @@ struct PKCS11Functions: @unchecked Sendable {
                 var count: UInt = 0
                 var rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetSlotList(CK_BBOOL(CK_TRUE), nil, &count))
                 guard rv == .ok else { return (rv, []) }
+                // A module's count is not trusted to size an allocation.
+                guard count <= PKCS11Functions.mostSlots else { return (.generalError, []) }
                 var slots = [UInt](repeating: 0, count: Int(count))
                 rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetSlotList(CK_BBOOL(CK_TRUE), &slots, &count))
                 if rv == .bufferTooSmall { continue }  // a token appeared in between
-                return (rv, Array(slots.prefix(Int(count))))
+                return (rv, Array(slots.prefix(Int(clamping: count))))
             }
             return (.bufferTooSmall, [])
         }
@@ -468,7 +480,7 @@ struct PKCS11Functions: @unchecked Sendable {
             var input = digest
             rv = PKCS11ReturnValue(rawValue: list.pointee.C_Sign(CK_SESSION_HANDLE(session), &input, CK_ULONG(input.count), &signature, &length))
             guard rv == .ok else { return (rv, .sign, []) }
-            let output = Array(signature.prefix(Int(length)))
+            let output = Array(signature.prefix(Int(clamping: length)))
             return (rv, .sign, interposer?.signed(output) ?? output)
         }
     }
@@ -495,7 +507,7 @@ struct PKCS11Functions: @unchecked Sendable {
                     failure = (rv, .findObjects)
                     break
                 }
-                found.append(contentsOf: batch.prefix(Int(count)).map { UInt($0) })
+                found.append(contentsOf: batch.prefix(Int(clamping: count)).map { UInt($0) })
                 if count < batch.count || found.count > 10_000 { break }
             }
             let finalRV = intercepted(.findObjectsFinal, session)
@@ -517,13 +529,15 @@ struct PKCS11Functions: @unchecked Sendable {
             var rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
             guard rv == .ok else { return (rv, nil) }
             if query.ulValueLen == CK_ULONG.max { return (.attributeSensitive, nil) }
+            // A module's length is not trusted to size an allocation.
+            guard query.ulValueLen <= PKCS11Functions.longestAttribute else { return (.generalError, nil) }
             var value = [UInt8](repeating: 0, count: Int(query.ulValueLen))
             rv = value.withUnsafeMutableBytes { buffer in
                 query.pValue = buffer.baseAddress
                 return PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
             }
             guard rv == .ok else { return (rv, nil) }
-            return (rv, Array(value.prefix(Int(query.ulValueLen))))
+            return (rv, Array(value.prefix(Int(clamping: query.ulValueLen))))
         }
     }
 
@@ -569,7 +583,7 @@ struct TokenInfo: Sendable {
         model = TokenInfo.text(info.model)
         serial = TokenInfo.text(info.serialNumber)
         let max = UInt(info.ulMaxSessionCount)
-        maxSessions = (max == 0 || max == UInt.max) ? nil : Int(max)
+        maxSessions = (max == 0 || max == UInt.max) ? nil : Int(clamping: max)
         let shortest = Int(clamping: UInt(info.ulMinPinLen))
         pinLengths = shortest...Swift.max(shortest, Int(clamping: UInt(info.ulMaxPinLen)))
         flags = UInt(info.flags)
