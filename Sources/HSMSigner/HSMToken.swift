@@ -6,8 +6,9 @@ import Glibc
 
 /// Settings for a ``HSMToken``.
 public struct TokenOptions: Sendable {
-    /// The most PKCS#11 sessions used at once; capped by the token's
-    /// `ulMaxSessionCount`. Default 8.
+    /// The most PKCS#11 sessions used at once; capped at the token's
+    /// `ulMaxSessionCount` less 2 (the login session and one for
+    /// administration), and at least 1. Default 8.
     public var sessionPoolSize: Int = 8
     /// How long a signer waits for a free session before giving up, in seconds. Default 2.
     public var sessionCheckoutTimeout: Double = 2
@@ -161,7 +162,7 @@ public final class HSMToken: @unchecked Sendable {
     /// The most sessions the pool opens.
     public var sessionCapacity: Int { pool.capacity }
 
-    /// When the token was last marked down (``markDown(reason:reinitialize:)``),
+    /// When the token was last marked down (``markDown(reason:reinitialize:cause:)``),
     /// in ``MonotonicClock`` nanoseconds; 0 when never. With ``status`` `.up`,
     /// a later instant than some start means the token recovered since.
     public var lastDownAt: UInt64 { state.withLock { $0.downSince } }
@@ -741,9 +742,13 @@ public final class HSMToken: @unchecked Sendable {
     ///   - digest: 32 bytes (SHA-256).
     ///   - keyID: the App Store key ID (`CKA_ID` of the private key).
     /// - Returns: raw `r ‖ s` (64 bytes for P-256) and timings.
-    /// - Throws: ``HSMError`` — `key_not_found`, `session_unavailable`
-    ///   (pool exhausted until the checkout timeout), `token_unavailable`
-    ///   (down, with `retryAfter`), `pin_rejected`, `pkcs11_failure`.
+    /// - Throws: ``HSMError`` — `key_not_found`, `key_invalid` (two
+    ///   private keys under the key ID after a replacement that stopped
+    ///   half-way, or a key that is not P-256), `session_unavailable` (pool
+    ///   exhausted until the checkout timeout), `sign_timeout` (the call
+    ///   was written off while a session stayed quarantined),
+    ///   `token_unavailable` (down, with `retryAfter`), `pin_rejected`,
+    ///   `pkcs11_failure`.
     public func sign(digest: [UInt8], keyID: String) throws(HSMError) -> TokenSignature {
         try checkUp()
         var queue: UInt64 = 0

@@ -1,5 +1,8 @@
-// The only file besides KeyFile.swift that talks to libcrypto. OpenSSL types
-// never leave it: callers see `ECPublicKey`, byte arrays and `CryptoError`.
+// signerd's libcrypto wrapper: SHA-256, public keys, verification, random
+// bytes. KeyFile.swift (PKCS#8), SecureBytes.swift (OPENSSL_cleanse) and
+// PKCS11Module.swift (public points for import) also import CLibCrypto.
+// OpenSSL types never leave them: callers see `ECPublicKey`, byte arrays
+// and `CryptoError`.
 internal import CLibCrypto
 internal import CSignerShim
 

@@ -100,7 +100,7 @@ public enum JSONValue: Sendable, Equatable, Codable {
     /// - Parameter value: a value from `JSONSerialization.jsonObject(with:)`.
     /// - Returns: nil for a type JSON does not have, or a number that has no
     ///   exact ``integer(_:)`` or ``number(_:)`` form (see
-    ///   ``init(foundation:path:)``, which names it).
+    ///   ``init(foundation:path:exact:)``, which names it).
     public init?(foundation value: Any) {
         guard let converted = try? JSONValue(foundation: value, path: "") else { return nil }
         self = converted
@@ -315,7 +315,7 @@ public struct FieldReader {
     ///     false only for a request none of whose numbers is signed.
     /// - Throws: ``APIError`` `invalid_json` (not UTF-8, not JSON, not an
     ///   object, a repeated member name), `invalid_field` for a number that
-    ///   would change (``JSONValue/init(foundation:path:)``), or
+    ///   would change (``JSONValue/init(foundation:path:exact:)``), or
     ///   `unknown_field` naming the first unknown member.
     public init(json body: [UInt8], allowed: Set<String>, exactNumbers: Bool = true) throws(APIError) {
         let parsed: Any

@@ -148,7 +148,7 @@ public final class Metrics: Sendable {
             "forbidden": "Requests refused because the peer's uid/gid is not allowed.",
             "rate_limited": "Requests refused by the per-uid rate limit.",
             "dropped_slow_requests": "Connections dropped because a request took longer than request_timeout_seconds to arrive.",
-            "refused_connections": "Connections closed on arrival because their uid already held max_connections_per_uid.",
+            "refused_connections": "Connections closed on arrival because their uid already held max_connections_per_uid, or max_connections were open.",
         ]
         let events = self.events.withLock { $0 }
         for (event, help) in eventHelp.sorted(by: { $0.key < $1.key }) {

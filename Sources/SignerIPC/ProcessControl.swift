@@ -99,8 +99,9 @@ public enum ProcessControl {
     ///
     /// The first of those signals to arrive is remembered, with a note on
     /// stderr, and raised again once `body` returns or throws, so its
-    /// default action then ends the process; a second one ends the process
-    /// at once (an operator's way out of a call that hangs). A signal that
+    /// default action then ends the process; a second one 3 s or more after
+    /// the first ends the process at once (an operator's way out of a call
+    /// that hangs; one sooner is a double Ctrl-C, noted and held). A signal that
     /// was ignored before stays ignored and counts for nothing; one with a
     /// handler of its own (the Swift runtime's SIGQUIT backtracer) is
     /// raised with its default action all the same. Holds nest: an inner

@@ -352,7 +352,7 @@ public final class SignerService: HTTPHandler, Sendable {
     }
 
     /// Whether `peer` may use signerd at all: root, signerd's own uid, or a
-    /// uid or group the configuration allows (as ``preflight(method:path:contentType:contentLength:peer:)``
+    /// uid or group the configuration allows (as ``preflight(method:path:contentTypes:contentLength:peer:)``
     /// checks per request).
     /// - Parameter peer: the connection's credentials; nil (unreadable) may not.
     /// - Returns: false for a peer whose every request would get 403.

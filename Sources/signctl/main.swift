@@ -161,13 +161,22 @@ func loadConfiguration(_ path: String) throws -> SignerConfiguration {
 
 func runCommand(_ words: [String]) throws -> ExitCode {
     let (configPath, rest) = try splitGlobalOptions(words)
-    guard let noun = rest.first, noun != "-h", noun != "--help" else {
+    guard let noun = rest.first else {
+        throw UsageError("no command given", hint: "run signctl --help for the commands")
+    }
+    if noun == "-h" || noun == "--help" {
         print(usage)
-        return rest.isEmpty ? .usage : .success
+        return .success
     }
     let verb = rest.count > 1 ? rest[1] : ""
     let tail = Array(rest.dropFirst(2))
-    if ["token", "keys", "sign", "verify"].contains(noun), verb.isEmpty || verb == "-h" || verb == "--help" {
+    let commands = ["token": "init, change-pin", "keys": "import, list, export-public, delete",
+                    "sign": "promotional-offer, promotional-offer-v2, introductory-offer-eligibility, advanced-commerce-request, server-api-token",
+                    "verify": "promotional-offer, jws"]
+    if let names = commands[noun], verb.isEmpty {
+        throw UsageError("signctl \(noun) needs a command: \(names)", hint: "run signctl \(noun) --help for usage")
+    }
+    if commands[noun] != nil, verb == "-h" || verb == "--help" {
         // `signctl keys --help`: the lines of the usage that belong to the noun.
         let lines = usage.split(separator: "\n", omittingEmptySubsequences: false)
         var section: [Substring] = []
@@ -177,7 +186,7 @@ func runCommand(_ words: [String]) throws -> ExitCode {
             if inside { section.append(line) }
         }
         print("usage:\n" + section.joined(separator: "\n") + "\n\nRun signctl \(noun) <command> --help for one command; signctl --help for everything.")
-        return verb.isEmpty ? .usage : .success
+        return .success
     }
     switch (noun, verb) {
     case ("token", "init"): return try tokenInit(tail)
@@ -192,7 +201,7 @@ func runCommand(_ words: [String]) throws -> ExitCode {
     case ("verify", "jws"): return try verifyJWS(tail)
     case ("bench", _): return try bench(Array(rest.dropFirst()), configPath: configPath)
     case ("token", _), ("keys", _), ("verify", _):
-        throw UsageError(verb.isEmpty ? "\(noun) needs a subcommand" : "unknown command \(noun) \(verb)")
+        throw UsageError("unknown command \(noun) \(verb)")
     default:
         throw UsageError("unknown command \(noun)")
     }
@@ -248,7 +257,8 @@ func runReporting(_ words: [String]) -> Int32 {
 /// place at `C_Login` as well as at every write, and a process ended in the
 /// middle leaves the token unusable; so these commands run whole, answer or
 /// error included, under one hold of the termination signals. A Ctrl-C
-/// then ends signctl once it has said what it did; a second one at once.
+/// then ends signctl once it has said what it did; a second one 3 s or
+/// more after the first, at once.
 func holdsSignalsThroughout(_ words: [String]) -> Bool {
     guard let (_, rest) = try? splitGlobalOptions(words), rest.count >= 2 else { return false }
     let command = rest[0] + " " + rest[1]

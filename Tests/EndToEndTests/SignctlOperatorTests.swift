@@ -67,6 +67,36 @@ struct FreeSoftHSM {
     }
 }
 
+/// `signctl`, `signctl keys` and `signctl sign` printed their usage on
+/// stdout and exited 64: a usage error with nothing on stderr, against the
+/// CLI convention (`error: …` and a hint on stderr, exit 64).
+@Suite("signctl usage errors")
+struct SignctlUsageTests {
+    @Test("a missing command is a usage error on stderr: error line, hint, exit 64, nothing on stdout", arguments: [
+        ([], "error: no command given", "hint: run signctl --help"),
+        (["keys"], "error: signctl keys needs a command: import, list, export-public, delete", "hint: run signctl keys --help"),
+        (["token"], "error: signctl token needs a command: init, change-pin", "hint: run signctl token --help"),
+        (["sign"], "error: signctl sign needs a command: promotional-offer,", "hint: run signctl sign --help"),
+        (["verify"], "error: signctl verify needs a command: promotional-offer, jws", "hint: run signctl verify --help"),
+        (["keys", "rotate"], "error: unknown command keys rotate", "hint: "),
+    ])
+    func missingCommand(arguments: [String], error: String, hint: String) {
+        let run = runSignctl(arguments)
+        #expect(run.status == 64)
+        #expect(run.stdout.isEmpty, "\(run.stdout)")
+        #expect(run.stderr.hasPrefix(error), "\(run.stderr)")
+        #expect(run.stderr.contains("\n" + hint), "\(run.stderr)")
+    }
+
+    @Test("--help is not an error: usage on stdout, exit 0", arguments: [["--help"], ["-h"], ["keys", "--help"], ["sign", "-h"]])
+    func help(arguments: [String]) {
+        let run = runSignctl(arguments)
+        #expect(run.status == 0)
+        #expect(run.stdout.hasPrefix("usage:"), "\(run.stdout)")
+        #expect(run.stderr.isEmpty, "\(run.stderr)")
+    }
+}
+
 @Suite("signctl token init: PIN length and half-initialized tokens", .serialized)
 struct SignctlTokenInitTests {
     /// C_InitPIN refused a 3-byte PIN after C_InitToken had run, leaving a

@@ -33,10 +33,10 @@ int CSignerShim_is_dumpable(void);
 /// set when it cannot be read.
 int CSignerShim_has_access_acl(const char *path);
 
-/// A log callback receiving a formatted, NUL-terminated message.
 /// Holds SIGINT, SIGTERM, SIGHUP and SIGQUIT (process-wide, `sigaction`):
 /// the first one that arrives is remembered and a note is written to
-/// stderr; a second one ends the process at once with its default action.
+/// stderr; a second one 3 s or more after the first ends the process at
+/// once with its default action (one sooner is noted and held).
 /// A signal ignored before (`SIG_IGN`) stays ignored. Nested holds (on the
 /// same thread) count: only the outermost installs and releases.
 /// Returns 0, or -1 with errno when a disposition could not be changed
@@ -50,6 +50,7 @@ int CSignerShim_hold_termination_signals(void);
 /// signal's number, or 0.
 int CSignerShim_release_termination_signals(void);
 
+/// A log callback receiving a formatted, NUL-terminated message.
 typedef void (*CSignerShim_log_callback)(void *context, const char *message);
 
 /// Options for `CSignerShim_mhd_start`, mirroring the `MHD_OPTION_*` values
