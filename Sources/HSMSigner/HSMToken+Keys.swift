@@ -156,13 +156,23 @@ extension HSMToken {
         try readAttribute(session, object, type, keyID: nil).flatMap { $0.first.map { $0 != 0 } }
     }
 
-    /// Reads `CKA_VALUE` of a key's private key object: succeeds only on a
-    /// token that let the key be read, which an imported key must never be.
-    /// - Returns: the bytes, or nil when the token refuses (`CKR_ATTRIBUTE_SENSITIVE`).
-    public func readPrivateValue(keyID: String) throws(HSMError) -> [UInt8]? {
-        try withSession { (session) throws(HSMError) -> [UInt8]? in
+    /// Whether the token would give out `CKA_VALUE` of a key's private key
+    /// object, which an imported key must never allow. Only the value's
+    /// length is asked for (`C_GetAttributeValue` with a NULL `pValue`), so
+    /// no private key byte is copied out of the module even when it would.
+    /// - Returns: false when the token refuses (`CKR_ATTRIBUTE_SENSITIVE`,
+    ///   or a length of `CK_UNAVAILABLE_INFORMATION`).
+    /// - Throws: ``HSMError`` when the key is not found or the call fails otherwise.
+    package func privateValueReadable(keyID: String) throws(HSMError) -> Bool {
+        try withSession { (session) throws(HSMError) -> Bool in
             let key = try lookUpKey(keyID, session: session)
-            return try readAttribute(session, key.handle, P11.value, keyID: keyID)
+            let (rv, length) = functions.attributeLength(session, object: key.handle, type: P11.value)
+            switch rv {
+            case .ok: return length != nil
+            case .attributeSensitive, .attributeTypeInvalid: return false
+            default:
+                throw HSMError(pkcs11: .getAttributeValue, rv, message: "cannot read an attribute", tokenLabel: label, keyID: keyID)
+            }
         }
     }
 

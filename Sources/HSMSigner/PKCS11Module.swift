@@ -1,7 +1,7 @@
 // The PKCS#11 C surface: module loading through p11-kit, and every call into
 // the function table, behind a seam (`PKCS11Interposer`) that tests use to
-// inject CKR_* values. The only Swift file besides PKCS11URI.swift and
-// HSMToken+Objects.swift that imports CPKCS11; no CK_* type leaves the module.
+// inject CKR_* values. With PKCS11URI.swift, the only Swift files that
+// import CPKCS11; no CK_* type leaves the module.
 internal import CPKCS11
 internal import CLibCrypto
 import Synchronization
@@ -515,6 +515,22 @@ struct PKCS11Functions: @unchecked Sendable {
             if let failure { return (failure.0, failure.1, []) }
             if finalRV != .ok { return (finalRV, .findObjectsFinal, []) }
             return (.ok, .findObjects, found)
+        }
+    }
+
+    /// `C_GetAttributeValue` for one attribute's length only (`pValue`
+    /// NULL): its value is never copied out of the module.
+    /// - Returns: `.ok` and the length in bytes; `CKR_ATTRIBUTE_SENSITIVE`
+    ///   (also for a length of `CK_UNAVAILABLE_INFORMATION`) or another
+    ///   failure, and nil.
+    func attributeLength(_ session: UInt, object: UInt, type: UInt) -> (PKCS11ReturnValue, Int?) {
+        gated((.cryptokiNotInitialized, nil)) {
+            if let rv = intercepted(.getAttributeValue, session) { return (rv, nil) }
+            var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: nil, ulValueLen: 0)
+            let rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
+            guard rv == .ok else { return (rv, nil) }
+            if query.ulValueLen == CK_ULONG.max { return (.attributeSensitive, nil) }
+            return (rv, Int(clamping: query.ulValueLen))
         }
     }
 

@@ -166,7 +166,7 @@ struct TokenTests {
         #expect(key.curve == .p256)
         #expect(key.hasPublicKey)
         #expect(key.fingerprint == (try ECPublicKey(pem: files.publicKeyPEM)).fingerprint)
-        #expect(try hsm.readPrivateValue(keyID: "EXTRACT001") == nil)
+        #expect(try hsm.privateValueReadable(keyID: "EXTRACT001") == false)
     }
 
     @Test("a key that can leave the token (CKA_EXTRACTABLE true, CKA_SENSITIVE false) is still used, and key_extractable is logged")
@@ -189,6 +189,8 @@ struct TokenTests {
         let warnings = lines.withLock { $0 }.filter { $0.contains("\"key_extractable\"") }
         #expect(warnings.count == 1, "\(lines.withLock { $0 })")
         #expect(warnings.first?.contains("EXPORTABLE") == true && warnings.first?.contains("keys import --replace") == true)
+        #expect(try hsm.privateValueReadable(keyID: "EXPORTABLE") == true, "the probe tells a readable key from a guarded one")
+        #expect(try hsm.privateValueReadable(keyID: "GUARDED001") == false)
     }
 
     @Test("the exported public key PEM equals `openssl ec -pubout`, byte for byte")
