@@ -220,7 +220,7 @@ final class DaemonHarness: @unchecked Sendable {
         return verifies(body: Array(text[headEnd.upperBound...].utf8), bundleID: bundleID, productID: productID, offerID: offerID, token: token)
     }
 
-    private func verifies(body: [UInt8], bundleID: String, productID: String, offerID: String, token: String) -> Bool {
+    func verifies(body: [UInt8], bundleID: String, productID: String, offerID: String, token: String) -> Bool {
         guard let offer = try? JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(body)),
               let files = keys[offer.keyID], let key = try? ECPublicKey(pem: files.publicKeyPEM) else { return false }
         return offerVerifies(body: body, publicKey: key, bundleID: bundleID, keyID: offer.keyID, productID: productID, offerID: offerID, token: token)
