@@ -369,10 +369,19 @@ func runDaemon() -> Never {
     // Reloads run on a thread of their own: one can wait on the token (a
     // C_Login, or recovery's login holding the PIN), and this thread must
     // stay free to take SIGTERM.
+    // Whether STOPPING=1 was sent; systemd must not see RELOADING=1 or
+    // READY=1 from a reload after it. Checked and sent under one lock.
+    let stopNotified = Locked(false)
     let reloads = ReloadRunner {
         logger.info("reload_requested", ["config.path": .string(configPath)])
-        Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(Systemd.monotonicMicroseconds)")
-        defer { Systemd.notify("READY=1\nSTATUS=serving \(keyCount(service.configuration.keys.count)) on \(listeningPath)") }
+        stopNotified.withLock { stopping in
+            if !stopping { Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(Systemd.monotonicMicroseconds)") }
+        }
+        defer {
+            stopNotified.withLock { stopping in
+                if !stopping { Systemd.notify("READY=1\nSTATUS=serving \(keyCount(service.configuration.keys.count)) on \(listeningPath)") }
+            }
+        }
         do {
             let fresh = try SignerConfiguration.load(path: configPath)
             try service.reload(fresh)
@@ -407,7 +416,10 @@ func runDaemon() -> Never {
             continue
         }
         logger.notice("shutdown_requested", ["signal": .int(Int64(received))])
-        Systemd.notify("STOPPING=1")
+        stopNotified.withLock { stopping in
+            stopping = true
+            Systemd.notify("STOPPING=1")
+        }
         let listening = server.stopAccepting()
         removeSocketFile()
         // Connections whose connect() returned but that libmicrohttpd had

@@ -92,6 +92,27 @@ struct SystemdTests {
         #expect(notify.messages(for: 1).contains("STOPPING=1"))
     }
 
+    /// Reloads run on a thread of their own; one still running when
+    /// SIGTERM came sent READY=1 after STOPPING=1, telling systemd a
+    /// stopping service was ready again.
+    @Test("SIGHUP then SIGTERM at once: RELOADING=1 and READY=1 never follow STOPPING=1, and signerd exits 0")
+    func reloadThenStop() throws {
+        let daemon = try DaemonHarness()
+        for round in 1...5 {
+            let notify = try NotifyListener(directory: TemporaryDirectory.make(prefix: "signerd-notify"))
+            try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path])
+            #expect(notify.messages(for: 5, until: "READY=1").last?.contains("READY=1") == true)
+            daemon.send(SIGHUP)
+            daemon.send(SIGTERM)
+            let status = daemon.stop()
+            let messages = notify.messages(for: 0.5)
+            #expect(status == 0, "round \(round)")
+            let stopping = try #require(messages.firstIndex { $0.hasPrefix("STOPPING=1") }, "round \(round): \(messages)")
+            #expect(!messages[stopping...].contains { $0.hasPrefix("READY=1") || $0.hasPrefix("RELOADING=1") },
+                    "round \(round): \(messages)")
+        }
+    }
+
     /// `WatchdogSec=3h` made the ping thread's `usleep` trap: 5,400 s is
     /// beyond `useconds_t`, and signerd died right after `READY=1`.
     @Test("a WatchdogSec beyond usleep's range (3 h) is pinged hourly, and signerd keeps serving")
