@@ -992,10 +992,11 @@ public final class HSMToken: @unchecked Sendable {
     public func markDown(reason: String, reinitialize: Bool? = nil, cause: PKCS11ReturnValue? = nil) {
         let named = PKCS11ReturnValue(name: reason)
         let full = reinitialize ?? named.map { PKCS11ReturnValue.tokenFailures.contains($0) } ?? false
-        let start: Bool = state.withLock { state in
-            guard !state.closed else { return false }
-            if case .pinRejected = state.status { return false }
+        let (wentDown, start): (Bool, Bool) = state.withLock { state in
+            guard !state.closed else { return (false, false) }
+            if case .pinRejected = state.status { return (false, false) }
             state.needsReinitialize = state.needsReinitialize || full
+            var wentDown = false
             if case .up = state.status {
                 state.status = .down(reason: reason)
                 state.downSince = MonotonicClock.now()
@@ -1003,14 +1004,15 @@ public final class HSMToken: @unchecked Sendable {
                 // Handles may not survive the outage, and what is shown of a
                 // key (GET /v1/keys, signerd_keys) should say it is unreachable.
                 state.dropKeys()
+                wentDown = true
             }
-            guard !state.recovering else { return false }
+            guard !state.recovering else { return (wentDown, false) }
             state.recovering = true
-            return true
+            return (wentDown, true)
         }
-        guard start else { return }
-        logger.error("token_down", ["token.label": .string(label), "reason": .string(reason)])
-        startRecovery()
+        // Once per outage, even when recovery is started again (its thread could not be made).
+        if wentDown { logger.error("token_down", ["token.label": .string(label), "reason": .string(reason)]) }
+        if start { startRecovery() }
     }
 
     /// Where the token stands, for a request about to use it: as

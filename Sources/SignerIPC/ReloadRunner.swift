@@ -1,11 +1,13 @@
 import HSMSigner
 
-/// Runs configuration reloads (`SIGHUP`) on a thread of their own, one at
-/// a time, so that the thread waiting for signals is never held up by one.
+/// Runs configuration reloads (`SIGHUP`), or the key self-tests that follow
+/// them, on a thread of its own, one at a time, so that the thread waiting
+/// for signals is never held up by one, and a storm of `SIGHUP`s makes one
+/// thread, not one per signal.
 ///
-/// A reload may block for as long as the token does: it logs in again when
-/// the PIN source changed (`C_Login`), and it waits for a login already in
-/// progress (token recovery holds the PIN for its `C_Login`). On a network
+/// A reload may block for as long as the token does: it waits for a login
+/// in progress (recovery, or a request's re-login, holds the PIN for its
+/// `C_Login`), and it logs in itself when the token had refused the old PIN. On a network
 /// HSM that hangs, a reload run on the signal thread kept signerd from ever
 /// taking the `SIGTERM` that followed. Here a request returns at once;
 /// requests made while a reload runs are merged into one more reload after
@@ -17,6 +19,9 @@ public final class ReloadRunner: @unchecked Sendable {
         case started
         /// A reload is running; one more runs after it.
         case queued
+        /// A reload is running and one more is already queued: this request
+        /// is merged into that one.
+        case merged
         /// ``stop(waitingSeconds:)`` was called: no reload runs any more.
         case stopping
         /// No thread could be made for it (the process is out of threads).
@@ -30,8 +35,8 @@ public final class ReloadRunner: @unchecked Sendable {
     private var stopping = false
     private let reload: @Sendable () -> Void
 
-    /// - Parameter reload: one reload: read the file, apply it, report.
-    ///   Runs on the runner's thread, never two at once.
+    /// - Parameter reload: one run of the work (read the file, apply it,
+    ///   report). Runs on the runner's thread, never two at once.
     public init(_ reload: @escaping @Sendable () -> Void) {
         self.reload = reload
     }
@@ -44,8 +49,8 @@ public final class ReloadRunner: @unchecked Sendable {
         let outcome: Outcome = lock.withLock {
             if stopping { return .stopping }
             if running {
-                pending = true
-                return .queued
+                defer { pending = true }
+                return pending ? .merged : .queued
             }
             running = true
             return .started
@@ -72,6 +77,15 @@ public final class ReloadRunner: @unchecked Sendable {
             lock.broadcast()
         }
         return .noThread
+    }
+
+    /// Lets no reload begin from now on and drops a queued one, without
+    /// waiting: a reload must not apply a file once shutdown has begun.
+    public func refuseNewReloads() {
+        lock.withLock {
+            stopping = true
+            pending = false
+        }
     }
 
     /// Lets no reload begin, then waits for the one running.

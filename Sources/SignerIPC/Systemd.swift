@@ -46,15 +46,21 @@ public enum Systemd {
     /// `usleep(3)` takes (`useconds_t`, about 71 minutes).
     public static let longestWatchdogPingInterval: Double = 3600
 
+    /// The shortest ping interval, in seconds: 50 ms. Each ping follows a
+    /// `GET /healthz` of signerd's own; a `WatchdogSec=` of a few
+    /// microseconds made that a loop at 100 % of a CPU.
+    public static let shortestWatchdogPingInterval: Double = 0.05
+
     /// Half the watchdog interval the unit set (`WatchdogSec=`, from
     /// `$WATCHDOG_USEC` in microseconds), in seconds, at most
-    /// ``longestWatchdogPingInterval``, when it is meant for this process
+    /// ``longestWatchdogPingInterval`` and at least
+    /// ``shortestWatchdogPingInterval``, when it is meant for this process
     /// (`$WATCHDOG_PID` absent or this process); nil when there is no
     /// watchdog. See sd_watchdog_enabled(3).
     public static var watchdogPingInterval: Double? {
         guard let usec = environment("WATCHDOG_USEC").flatMap(UInt64.init), usec > 0 else { return nil }
         if let pid = environment("WATCHDOG_PID").flatMap(Int32.init), pid != getpid() { return nil }
-        return min(Double(usec) / 2e6, longestWatchdogPingInterval)
+        return min(max(Double(usec) / 2e6, shortestWatchdogPingInterval), longestWatchdogPingInterval)
     }
 
     /// The listening socket systemd passed (`signerd.socket`), if any:

@@ -121,57 +121,6 @@ func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger, stopp
     return failed
 }
 
-/// The self-tests reloads run on threads of their own. Shutdown stops them
-/// between keys and waits for them before it closes the token: `C_Finalize`
-/// under a running `C_Sign` crashed signerd (SIGSEGV, SIGABRT) instead of
-/// letting it exit 0.
-final class ReloadSelfTests: @unchecked Sendable {
-    // `running` and `stopping` are only touched with `lock` held.
-    private let lock = ConditionLock()
-    private var running = 0
-    private var stopping = false
-
-    /// Tests `keys` (``selfTest(_:token:logger:stopped:)``) on a new thread, unless shutdown began.
-    func start(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger) {
-        let started: Bool = lock.withLock {
-            guard !stopping else { return false }
-            running += 1
-            return true
-        }
-        guard started else { return }
-        let threadStarted = OSThread.start {
-            _ = selfTest(keys, token: token, logger: logger, stopped: { self.lock.withLock { self.stopping } })
-            self.finished()
-        }
-        if !threadStarted {
-            logger.warning("self_test_skipped", ["error": "no thread could be started for the self-test (the process is out of threads)",
-                                                 "hint": "GET /readyz tests the keys when asked"])
-            finished()
-        }
-    }
-
-    private func finished() {
-        lock.withLock {
-            running -= 1
-            lock.broadcast()
-        }
-    }
-
-    /// Lets no test begin another key, then waits for the ones running.
-    /// - Parameter seconds: how long to wait at most.
-    /// - Returns: false when one was still running at the deadline.
-    func stop(waitingSeconds seconds: Double) -> Bool {
-        let deadline = MonotonicClock.deadline(after: seconds)
-        return lock.withLock {
-            stopping = true
-            while running > 0 {
-                if !lock.wait(untilMonotonic: deadline) { return running == 0 }
-            }
-            return true
-        }
-    }
-}
-
 /// The daemon: everything after the process starts, in a function rather
 /// than top-level code (whose globals made the optimizer run away in release).
 func runDaemon() -> Never {
@@ -364,14 +313,21 @@ func runDaemon() -> Never {
         "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())),
     ])
 
-    let reloadSelfTests = ReloadSelfTests()
+    // The self-test after each reload, on a thread of its own (a slow token
+    // must not hold up the next reload), one at a time: a reload storm tests
+    // the latest keys once more, not once per reload. Shutdown stops it
+    // between keys and waits for it before closing the token.
+    // Whether STOPPING=1 was sent; systemd must not see RELOADING=1 or
+    // READY=1 from a reload after it. Checked and sent under one lock.
+    let stopNotified = Locked(false)
+    let selfTestKeys = Locked<[KeyConfiguration]>([])
+    let selfTests = ReloadRunner {
+        _ = selfTest(selfTestKeys.withLock { $0 }, token: token, logger: logger, stopped: { stopNotified.withLock { $0 } })
+    }
     let startConfiguration = configuration
     // Reloads run on a thread of their own: one can wait on the token (a
     // C_Login, or recovery's login holding the PIN), and this thread must
     // stay free to take SIGTERM.
-    // Whether STOPPING=1 was sent; systemd must not see RELOADING=1 or
-    // READY=1 from a reload after it. Checked and sent under one lock.
-    let stopNotified = Locked(false)
     let reloads = ReloadRunner {
         logger.info("reload_requested", ["config.path": .string(configPath)])
         stopNotified.withLock { stopping in
@@ -397,7 +353,11 @@ func runDaemon() -> Never {
             for advisory in fresh.advisories { logger.warning(advisory.event, ["hint": .string(advisory.hint)]) }
             // As at start, a key that cannot sign is named now rather than by the first request;
             // on a thread of its own, so a slow token cannot hold up the next reload.
-            reloadSelfTests.start(fresh.keys, token: token, logger: logger)
+            selfTestKeys.withLock { $0 = fresh.keys }
+            if selfTests.request() == .noThread {
+                logger.warning("self_test_skipped", ["error": "no thread could be started for the self-test (the process is out of threads)",
+                                                     "hint": "GET /readyz tests the keys when asked"])
+            }
         } catch {
             logger.error("config_reload_refused", ["error": .string("\(error)"), "hint": "the previous configuration stays in effect"])
         }
@@ -410,7 +370,7 @@ func runDaemon() -> Never {
                 logger.info("reload_queued", ["hint": "a reload is still running (waiting for the token); the file is read again when it ends"])
             case .noThread:
                 logger.error("config_reload_refused", ["error": "no thread could be started for the reload (the process is out of threads)", "hint": "the previous configuration stays in effect; send SIGHUP again"])
-            case .started, .stopping:
+            case .started, .merged, .stopping:
                 break
             }
             continue
@@ -420,6 +380,8 @@ func runDaemon() -> Never {
             stopping = true
             Systemd.notify("STOPPING=1")
         }
+        // A queued reload must not apply its file while signerd stops.
+        reloads.refuseNewReloads()
         let listening = server.stopAccepting()
         removeSocketFile()
         // Connections whose connect() returned but that libmicrohttpd had
@@ -429,12 +391,15 @@ func runDaemon() -> Never {
         // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
         let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)
         // A reload may still be waiting on the token (a hung C_Login); its
-        // self-test may still be signing: the token is closed only after them.
-        let reloadFinished = reloads.stop(waitingSeconds: Double(configuration.signTimeoutMs) / 1000 + 5)
+        // self-test may still be signing: the token is closed only after
+        // them, both within one more sign_timeout_ms + 5 s.
+        let settled = MonotonicClock.deadline(after: Double(configuration.signTimeoutMs) / 1000 + 5)
+        func secondsLeft() -> Double { max(0, Double(Int64(bitPattern: settled &- MonotonicClock.now())) / 1e9) }
+        let reloadFinished = reloads.stop(waitingSeconds: secondsLeft())
         if !reloadFinished {
-            logger.warning("reload_unfinished", ["reason": "a reload is still waiting on the token (a C_Login that does not return); signerd stops regardless"])
+            logger.warning("reload_unfinished", ["reason": "a reload is still waiting on the token (a login in progress, or a PKCS#11 call that does not return); signerd stops regardless"])
         }
-        if !reloadSelfTests.stop(waitingSeconds: Double(configuration.signTimeoutMs) / 1000 + 5) {
+        if !selfTests.stop(waitingSeconds: secondsLeft()) {
             logger.warning("self_test_unfinished", ["reason": "a reload's key self-test is still inside a PKCS#11 call; the token is closed regardless"])
         }
         // The token first: from here a request still arriving on an open

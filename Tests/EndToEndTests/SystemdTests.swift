@@ -92,6 +92,19 @@ struct SystemdTests {
         #expect(notify.messages(for: 1).contains("STOPPING=1"))
     }
 
+    /// `WatchdogSec=` of microseconds made signerd ping (and check its own
+    /// `/healthz`) in a loop at 100 % of a CPU: 10,625 pings in 3 s.
+    @Test("a WatchdogSec of 2 µs is pinged at most every 50 ms")
+    func shortWatchdogInterval() throws {
+        let daemon = try DaemonHarness()
+        let notify = try NotifyListener(directory: daemon.directory)
+        try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "2"])
+        #expect(notify.messages(for: 5, until: "READY=1").last?.contains("READY=1") == true)
+        let pings = notify.messages(for: 1).filter { $0 == "WATCHDOG=1" }.count
+        #expect(pings >= 5 && pings <= 22, "\(pings) pings in 1 s; one per 50 ms is 20")
+        #expect(daemon.stop() == 0)
+    }
+
     /// Reloads run on a thread of their own; one still running when
     /// SIGTERM came sent READY=1 after STOPPING=1, telling systemd a
     /// stopping service was ready again.
