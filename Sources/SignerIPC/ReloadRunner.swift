@@ -7,9 +7,9 @@ import HSMSigner
 ///
 /// A reload may block for as long as the token does: it waits for a login
 /// in progress (recovery, or a request's re-login, holds the PIN for its
-/// `C_Login`), and it logs in itself when the token had refused the old PIN. On a network
-/// HSM that hangs, a reload run on the signal thread kept signerd from ever
-/// taking the `SIGTERM` that followed. Here a request returns at once;
+/// `C_Login`), and it logs in itself when the token had refused the old
+/// PIN. On a network HSM that hangs, a reload run on the signal thread kept
+/// signerd from ever taking the `SIGTERM` that followed. Here a request returns at once;
 /// requests made while a reload runs are merged into one more reload after
 /// it, which reads the file as it then is.
 public final class ReloadRunner: @unchecked Sendable {
@@ -22,7 +22,8 @@ public final class ReloadRunner: @unchecked Sendable {
         /// A reload is running and one more is already queued: this request
         /// is merged into that one.
         case merged
-        /// ``stop(waitingSeconds:)`` was called: no reload runs any more.
+        /// ``refuseNewReloads()`` or ``stop(waitingSeconds:)`` was called:
+        /// no reload runs any more.
         case stopping
         /// No thread could be made for it (the process is out of threads).
         case noThread

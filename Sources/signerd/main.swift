@@ -313,13 +313,13 @@ func runDaemon() -> Never {
         "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())),
     ])
 
+    // Whether STOPPING=1 was sent; systemd must not see RELOADING=1 or
+    // READY=1 from a reload after it. Checked and sent under one lock.
+    let stopNotified = Locked(false)
     // The self-test after each reload, on a thread of its own (a slow token
     // must not hold up the next reload), one at a time: a reload storm tests
     // the latest keys once more, not once per reload. Shutdown stops it
     // between keys and waits for it before closing the token.
-    // Whether STOPPING=1 was sent; systemd must not see RELOADING=1 or
-    // READY=1 from a reload after it. Checked and sent under one lock.
-    let stopNotified = Locked(false)
     let selfTestKeys = Locked<[KeyConfiguration]>([])
     let selfTests = ReloadRunner {
         _ = selfTest(selfTestKeys.withLock { $0 }, token: token, logger: logger, stopped: { stopNotified.withLock { $0 } })
