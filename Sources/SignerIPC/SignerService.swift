@@ -802,7 +802,8 @@ public final class SignerService: HTTPHandler, Sendable {
             failures.append("no keys configured")
         }
         let tokenProblem: String?
-        switch token.status {
+        // A probe, too, starts recovery again when its thread could not be made.
+        switch token.statusForRequest() {
         case .down(let reason): tokenProblem = "token missing or unavailable (\(reason)); recovery is running"
         case .pinRejected(let rv): tokenProblem = "not logged in: the token refused the PIN (\(rv.name)); fix the PIN source and reload"
         case .up: tokenProblem = nil

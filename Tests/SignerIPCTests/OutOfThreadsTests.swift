@@ -18,8 +18,9 @@ import Glibc
 /// taken.
 @Suite("Out of threads, and reloads that wait on the token", .serialized)
 struct OutOfThreadsTests {
-    @Test("no thread for recovery: the request is answered at once, recovery_thread_failed is logged once, and the next request starts recovery")
-    func recoveryWithoutThread() throws {
+    @Test("no thread for recovery: the request is answered at once, recovery_thread_failed is logged once, and the next request (a signature or a /readyz probe) starts recovery",
+          arguments: ["POST /v1/sign/promotional-offer", "GET /readyz"])
+    func recoveryWithoutThread(next: String) throws {
         let daemon = try InProcessDaemon()
         defer {
             OSThread.failuresToInject.withLock { $0 = 0 }
@@ -46,7 +47,8 @@ struct OutOfThreadsTests {
         #expect(daemon.faults.calls(.initialize) == initializations, "recovery ran although its thread was never made")
 
         // The next request finds the token down, is refused at once, and starts recovery.
-        let refused = try client.send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)
+        let refused = next.hasPrefix("POST") ? try client.send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)
+            : try client.send("GET", "/readyz")
         #expect(refused.status == 503)
         #expect(poll(seconds: 10) { daemon.token.status == .up }, "recovery did not bring the token back")
         #expect(daemon.logged("token_up") == 1)
