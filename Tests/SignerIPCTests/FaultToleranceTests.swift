@@ -192,13 +192,18 @@ struct FaultToleranceTests {
         // Every C_Sign takes 100 ms in the module: 6 clients on one session queue for up to 500 ms.
         daemon.faults.inject(.sign, .ok, count: nil, delay: 0.1)
         let load = LoadRecorder(daemon)
+        let began = MonotonicClock.now()
         load.start(threads: 6)
         usleep(2_500_000)
         let samples = load.stop()
         daemon.faults.clear()
         #expect(samples.contains { $0.status == 503 }, "some requests waited past sign_timeout_ms")
         #expect(!samples.contains { $0.status == 200 && !$0.valid }, "every signature verifies")
-        #expect(samples.filter { $0.status == 200 }.count >= 10, "the token kept signing")
+        // Signatures in both halves of the run: the token kept signing. (Up
+        // to 25 fit in 2.5 s; a busy runner got 6, so no count is asked.)
+        let half = began + 1_250_000_000
+        #expect(samples.contains { $0.status == 200 && $0.at < half } && samples.contains { $0.status == 200 && $0.at >= half },
+                "the token kept signing: \(samples.filter { $0.status == 200 }.count) signatures")
         #expect(daemon.logged("token_down") == 0, "\(daemon.logLines.lines.filter { $0.contains("token_down") })")
         #expect(daemon.token.status == .up)
     }
