@@ -1238,12 +1238,13 @@ public final class HSMToken: @unchecked Sendable {
         let overdue: [SessionLease] = inFlight.withLock { calls in
             calls.values.filter { now > $0.started + limit && !$0.lease.quarantined.load(ordering: .relaxed) }.map(\.lease)
         }
-        for lease in overdue { pool.quarantine(lease) }
-        if !overdue.isEmpty {
-            logger.warning("sign_call_quarantined", ["calls": .int(Int64(overdue.count)), "timeout.seconds": .double(seconds)])
+        // A call that returned since it was found overdue gave its lease back: nothing to write off.
+        let abandoned = overdue.filter { pool.quarantine($0) }.count
+        if abandoned > 0 {
+            logger.warning("sign_call_quarantined", ["calls": .int(Int64(abandoned)), "timeout.seconds": .double(seconds)])
             markDown(reason: "sign_timeout", reinitialize: false)
         }
-        return overdue.count
+        return abandoned
     }
 
     /// A session for recovery work, while the status is still down.

@@ -13,8 +13,13 @@ final class SessionLease: Sendable {
     /// handle numbers may have been reused.
     let epoch: UInt64
     /// Set when the session was written off while still in use (a hung
-    /// call): its slot in the pool was already freed.
+    /// call): its slot in the pool was already freed. Set only under the
+    /// pool's lock, and only while ``returned`` is false.
     let quarantined = Atomic<Bool>(false)
+    /// Set, under the pool's lock, when the holder checked the lease in or
+    /// discarded it: a quarantine after that has nothing to write off (the
+    /// session is idle, another thread's, or closed).
+    let returned = Atomic<Bool>(false)
 
     init(handle: UInt, generation: UInt64, epoch: UInt64) {
         self.handle = handle
@@ -144,14 +149,14 @@ final class SessionPool: @unchecked Sendable {
 
     /// Returns a healthy session for reuse.
     func checkin(_ lease: SessionLease) {
-        if lease.quarantined.load(ordering: .acquiring) {
-            lock.withLock { returnedAt = MonotonicClock.now() }
-            if lease.epoch == currentEpoch { close(lease.handle) }
-            return
-        }
-        let stale: Bool = lock.withLock {
+        // Decided under the lock that quarantine(_:) takes: a lease is
+        // either written off before it comes back (closed here, its place
+        // already freed) or comes back first (the quarantine is then a no-op).
+        let closeIt: Bool = lock.withLock {
             returnedAt = MonotonicClock.now()
-            guard lease.generation == generation else { return true }
+            lease.returned.store(true, ordering: .relaxed)
+            let stale = lease.quarantined.load(ordering: .relaxed) || lease.generation != generation
+            guard !stale else { return lease.epoch == epoch }
             if waiters.isEmpty {
                 idle.append(lease.handle)
             } else {
@@ -161,17 +166,15 @@ final class SessionPool: @unchecked Sendable {
             }
             return false
         }
-        if stale && lease.epoch == currentEpoch {
-            close(lease.handle)
-        }
+        if closeIt { close(lease.handle) }
     }
 
     /// Closes a broken session and frees its place for a new one.
     func discard(_ lease: SessionLease) {
-        let wasQuarantined = lease.quarantined.load(ordering: .acquiring)
         let sameEpoch: Bool = lock.withLock {
             returnedAt = MonotonicClock.now()
-            if !wasQuarantined && lease.generation == generation {
+            lease.returned.store(true, ordering: .relaxed)
+            if !lease.quarantined.load(ordering: .relaxed) && lease.generation == generation {
                 counted -= 1
                 handOverFreedPlace()
             }
@@ -183,13 +186,19 @@ final class SessionPool: @unchecked Sendable {
     /// Writes off a session whose call is still running (a hung `C_Sign`):
     /// its place is freed now, and it is closed, never reused, when the
     /// call returns and its holder checks it in or discards it.
-    func quarantine(_ lease: SessionLease) {
-        guard !lease.quarantined.exchange(true, ordering: .acquiringAndReleasing) else { return }
+    /// - Returns: false when there was nothing to write off: the lease was
+    ///   already quarantined, or its holder gave it back first (the call
+    ///   returned just as it was found overdue).
+    @discardableResult
+    func quarantine(_ lease: SessionLease) -> Bool {
         lock.withLock {
+            guard !lease.returned.load(ordering: .relaxed), !lease.quarantined.load(ordering: .relaxed) else { return false }
+            lease.quarantined.store(true, ordering: .relaxed)
             if lease.generation == generation {
                 counted -= 1
                 handOverFreedPlace()
             }
+            return true
         }
     }
 
@@ -201,8 +210,6 @@ final class SessionPool: @unchecked Sendable {
         waiter.grant = .openNew(generation, epoch, slot)
         lock.signal(waiter.condition)
     }
-
-    private var currentEpoch: UInt64 { lock.withLock { epoch } }
 
     /// Drops every session (see below) and moves the pool to `slot`, where
     /// the token was found again.

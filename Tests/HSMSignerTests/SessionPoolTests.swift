@@ -41,4 +41,55 @@ struct SessionPoolTests {
         #expect(verified.withLock { $0 } == Array(repeating: true, count: 6))
         #expect(order.withLock { $0 } == [0, 1, 2, 3, 4, 5], "the session went to the longest waiter each time")
     }
+
+    /// Counts what a pool opens and closes: its sessions are numbers here,
+    /// since the accounting under test is the pool's own.
+    final class SessionLedger: Sendable {
+        let next = Atomic<UInt>(1)
+        let closed = Mutex<[UInt]>([])
+        func pool(capacity: Int) -> SessionPool {
+            SessionPool(capacity: capacity, slot: 0, open: { _ in (.ok, self.next.add(1, ordering: .relaxed).oldValue) },
+                        close: { handle in self.closed.withLock { $0.append(handle) } })
+        }
+    }
+
+    /// The supervisor found a call overdue, and the call returned before it
+    /// quarantined the lease: the quarantine took a second place off the
+    /// pool's count (in use -1), and the pool then opened more sessions
+    /// than its capacity. A review found it; `HSMToken.abandonCalls` now
+    /// writes off only leases the pool had not got back.
+    @Test("a lease given back before its quarantine is not written off: the count stays right and the capacity holds",
+          arguments: ["checkin", "discard"])
+    func quarantineAfterReturn(giveBack: String) throws {
+        let ledger = SessionLedger()
+        let pool = ledger.pool(capacity: 1)
+        let lease = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        if giveBack == "checkin" { pool.checkin(lease) } else { pool.discard(lease) }
+        #expect(!pool.quarantine(lease), "a returned lease has nothing to write off")
+        #expect(pool.usage.inUse == 0)
+        #expect(pool.usage.idle == (giveBack == "checkin" ? 1 : 0))
+        let held = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        #expect(throws: HSMError.self, "a second session at capacity 1") {
+            try pool.checkout(deadline: MonotonicClock.deadline(after: 0.1))
+        }
+        pool.checkin(held)
+        #expect(pool.usage.inUse == 0)
+    }
+
+    @Test("a lease quarantined while out frees its place at once and is closed, not reused, when it comes back")
+    func quarantineBeforeReturn() throws {
+        let ledger = SessionLedger()
+        let pool = ledger.pool(capacity: 1)
+        let hung = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        #expect(pool.quarantine(hung))
+        #expect(!pool.quarantine(hung), "once")
+        #expect(pool.usage.inUse == 0)
+        let replacement = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        #expect(replacement.handle != hung.handle)
+        pool.checkin(hung)  // the hung call returned
+        #expect(ledger.closed.withLock { $0 } == [hung.handle])
+        #expect(pool.usage.idle == 0, "the quarantined session is not reused")
+        pool.checkin(replacement)
+        #expect(pool.usage.inUse == 0 && pool.usage.idle == 1)
+    }
 }
