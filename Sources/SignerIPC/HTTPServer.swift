@@ -508,7 +508,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// request line after the idle timeout plus the request timeout has been
     /// trickling it.
     private func dropIfSlow(_ connection: ConnectionState, now: UInt64, limit: UInt64, lineLimit: UInt64) {
-        guard !connection.dropped.load(ordering: .relaxed) else { return }
+        guard !connection.dropped.load(ordering: .relaxed), connection.descriptor >= 0 else { return }
         let started = connection.requestStarted.load(ordering: .acquiring)
         let waiting = connection.waitingSince.load(ordering: .acquiring)
         let slowRequest = started != 0 && now > started + limit
@@ -533,7 +533,7 @@ public final class HTTPServer: @unchecked Sendable {
     /// Answers a request still in a blocking handler past its deadline.
     private func answerIfHung(_ connection: ConnectionState, now: UInt64) {
         connection.blockingCall.withLock { call in
-            guard var current = call, !current.answered, now > current.deadline else { return }
+            guard var current = call, !current.answered, now > current.deadline, connection.descriptor >= 0 else { return }
             current.answered = true
             call = current
             // Written with the lock held: the connection's thread, back from
@@ -656,6 +656,14 @@ public final class HTTPServer: @unchecked Sendable {
             let state = ConnectionState(peer: peer, descriptor: duplicate, adopted: server.registerAdopted(fd))
             server.connections.withLock { $0[ObjectIdentifier(state)] = state }
             socketContext?.pointee = Unmanaged.passRetained(state).toOpaque()
+            if fd >= 0 && duplicate < 0 {
+                // No descriptor of our own (EMFILE): the supervisor could neither
+                // answer a hung call on it nor drop it when slow. Not served:
+                // shutting the socket down makes libmicrohttpd close it.
+                shutdown(fd, Int32(SHUT_RDWR))
+                server.metrics?.count("refused_connections")
+                return
+            }
             server.admit(state)
         case .CONNECTION_NOTIFY_CLOSED:
             guard let raw = socketContext?.pointee else { return }
