@@ -1079,7 +1079,7 @@ public final class HSMToken: @unchecked Sendable {
             // a C_Sign being written off, or any call on a session still
             // leased (a hung C_FindObjects holds its lease).
             let full = state.withLock { $0.needsReinitialize } || attempt > 1
-            let outcome = rebuild(reinitialize: full && callsInModule == 0 && pool.usage.inUse == 0)
+            let outcome = rebuild(reinitialize: full && callsInModule == 0 && pool.leasesOut == 0)
             switch outcome {
             case .success:
                 let recovered = state.withLock { state -> (String, UInt64)? in

@@ -56,6 +56,10 @@ final class SessionPool: @unchecked Sendable {
     private let lock = ConditionLock()
     private var idle: [UInt] = []
     private var counted = 0
+    /// Leases out now, of every generation (``reset(moduleReinitialized:)``
+    /// does not forget them): one is counted from its grant until its
+    /// holder has given it back and any close of it has returned.
+    private var outstanding = 0
     /// Oldest first.
     private var waiters: [Waiter] = []
     private var generation: UInt64 = 0
@@ -81,6 +85,12 @@ final class SessionPool: @unchecked Sendable {
         self.close = close
     }
 
+    /// Leases out now, of this generation and older ones, opening or
+    /// closing ones included: a module may be finalized only at 0, since a
+    /// holder's next call would use a session (and key) handle number that
+    /// a reinitialized module may have given to something else.
+    var leasesOut: Int { lock.withLock { outstanding } }
+
     /// Sessions in use and idle, for metrics.
     var usage: (inUse: Int, idle: Int, waiting: Int) {
         lock.withLock { (counted - idle.count, idle.count, waiters.count) }
@@ -92,31 +102,9 @@ final class SessionPool: @unchecked Sendable {
     ///   `C_OpenSession` failure when opening one fails.
     func checkout(deadline: UInt64) throws(HSMError) -> SessionLease {
         let next: Grant? = lock.withLock {
-            while true {
-                if let handle = idle.popLast() {
-                    return .reuse(handle, generation, epoch)
-                }
-                if counted < capacity {
-                    counted += 1
-                    return .openNew(generation, epoch, slot)
-                }
-                let waiter = Waiter()
-                waiters.append(waiter)
-                while waiter.grant == nil {
-                    if !lock.wait(on: waiter.condition, untilMonotonic: deadline) && MonotonicClock.now() >= deadline {
-                        break
-                    }
-                }
-                switch waiter.grant {
-                case .retry?:
-                    continue
-                case let grant?:
-                    return grant
-                case nil:
-                    waiters.removeAll { $0 === waiter }
-                    return nil
-                }
-            }
+            let grant = waitForGrant(deadline: deadline)
+            if grant != nil { outstanding += 1 }
+            return grant
         }
         switch next {
         case .retry?:
@@ -127,6 +115,7 @@ final class SessionPool: @unchecked Sendable {
             let (rv, handle) = open(slot)
             guard rv == .ok else {
                 lock.withLock {
+                    outstanding -= 1
                     if generation == self.generation {
                         counted -= 1
                         handOverFreedPlace()
@@ -139,6 +128,37 @@ final class SessionPool: @unchecked Sendable {
             var error = HSMError(.sessionUnavailable, "all \(capacity) PKCS#11 sessions stayed busy until the checkout timeout")
             error.retryAfter = 1
             throw error
+        }
+    }
+
+    /// The grant ``checkout(deadline:)`` gets (lock held): an idle session,
+    /// a free place, or what a returning session or freed place hands it
+    /// while it waits; nil at the deadline.
+    private func waitForGrant(deadline: UInt64) -> Grant? {
+        while true {
+            if let handle = idle.popLast() {
+                return .reuse(handle, generation, epoch)
+            }
+            if counted < capacity {
+                counted += 1
+                return .openNew(generation, epoch, slot)
+            }
+            let waiter = Waiter()
+            waiters.append(waiter)
+            while waiter.grant == nil {
+                if !lock.wait(on: waiter.condition, untilMonotonic: deadline) && MonotonicClock.now() >= deadline {
+                    break
+                }
+            }
+            switch waiter.grant {
+            case .retry?:
+                continue
+            case let grant?:
+                return grant
+            case nil:
+                waiters.removeAll { $0 === waiter }
+                return nil
+            }
         }
     }
 
@@ -167,6 +187,7 @@ final class SessionPool: @unchecked Sendable {
             return false
         }
         if closeIt { close(lease.handle) }
+        lock.withLock { outstanding -= 1 }
     }
 
     /// Closes a broken session and frees its place for a new one.
@@ -181,6 +202,7 @@ final class SessionPool: @unchecked Sendable {
             return lease.epoch == epoch
         }
         if sameEpoch { close(lease.handle) }
+        lock.withLock { outstanding -= 1 }
     }
 
     /// Writes off a session whose call is still running (a hung `C_Sign`):

@@ -92,4 +92,25 @@ struct SessionPoolTests {
         pool.checkin(replacement)
         #expect(pool.usage.inUse == 0 && pool.usage.idle == 1)
     }
+
+    /// Recovery finalized the module when the pool showed no session in
+    /// use, but a reset had already made it forget the leases still out: a
+    /// holder's next call then used handle numbers a reinitialized module
+    /// may have given to other sessions or keys. A review found it.
+    @Test("leases out are counted across a reset, until each is back and closed")
+    func leasesOutAcrossReset() throws {
+        let ledger = SessionLedger()
+        let pool = ledger.pool(capacity: 2)
+        let old = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        pool.reset(moduleReinitialized: false)
+        #expect(pool.usage.inUse == 0, "the new generation has none in use")
+        #expect(pool.leasesOut == 1, "the old lease is still out")
+        let fresh = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        #expect(pool.leasesOut == 2)
+        pool.checkin(old)
+        #expect(ledger.closed.withLock { $0 } == [old.handle], "an old generation's session is closed on return")
+        #expect(pool.leasesOut == 1)
+        pool.discard(fresh)
+        #expect(pool.leasesOut == 0)
+    }
 }
