@@ -1079,7 +1079,9 @@ public final class HSMToken: @unchecked Sendable {
             // a C_Sign being written off, or any call on a session still
             // leased (a hung C_FindObjects holds its lease).
             let full = state.withLock { $0.needsReinitialize } || attempt > 1
-            let outcome = rebuild(reinitialize: full && callsInModule == 0 && pool.leasesOut == 0)
+            // freezeIfIdle() also keeps any session from being leased until
+            // reconnect() has reset the pool on the reinitialized module.
+            let outcome = rebuild(reinitialize: full && callsInModule == 0 && pool.freezeIfIdle())
             switch outcome {
             case .success:
                 let recovered = state.withLock { state -> (String, UInt64)? in
@@ -1113,6 +1115,8 @@ public final class HSMToken: @unchecked Sendable {
     /// - Throws: ``HSMError`` from `C_Initialize`, the slot search or the login.
     func reconnect(reinitialize: Bool, quietLogin: Bool = false) throws(HSMError) {
         if reinitialize {
+            // Recovery froze the pool (freezeIfIdle) to finalize under no lease.
+            defer { pool.unfreeze() }
             let rv = loginLock.withLock { _ in functions.reinitializeModule() }
             guard rv == .ok || rv == .cryptokiAlreadyInitialized else {
                 throw HSMError(pkcs11: .initialize, rv, message: "cannot reinitialize the module")

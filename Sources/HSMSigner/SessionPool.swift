@@ -58,8 +58,12 @@ final class SessionPool: @unchecked Sendable {
     private var counted = 0
     /// Leases out now, of every generation (``reset(moduleReinitialized:)``
     /// does not forget them): one is counted from its grant until its
-    /// holder has given it back and any close of it has returned.
+    /// holder has given it back and any close of it has returned. A reset
+    /// closing idle sessions counts as one until its closes have returned.
     private var outstanding = 0
+    /// Set by ``freezeIfIdle()`` for a module reinitialization: no lease is
+    /// granted until ``unfreeze()``.
+    private var frozen = false
     /// Oldest first.
     private var waiters: [Waiter] = []
     private var generation: UInt64 = 0
@@ -90,6 +94,26 @@ final class SessionPool: @unchecked Sendable {
     /// holder's next call would use a session (and key) handle number that
     /// a reinitialized module may have given to something else.
     var leasesOut: Int { lock.withLock { outstanding } }
+
+    /// Stops granting leases, when none is out, for a module
+    /// reinitialization (`C_Finalize` + `C_Initialize`): checking that no
+    /// lease is out and stopping new ones is one step, so no thread can
+    /// take a session between the check and the `C_Finalize` and then use
+    /// its number on the reinitialized module. Checkouts meanwhile fail
+    /// with ``HSMError/Code/sessionUnavailable``.
+    /// - Returns: false, changing nothing, when a lease is out.
+    func freezeIfIdle() -> Bool {
+        lock.withLock {
+            guard outstanding == 0 else { return false }
+            frozen = true
+            return true
+        }
+    }
+
+    /// Grants leases again after ``freezeIfIdle()``; harmless when not frozen.
+    func unfreeze() {
+        lock.withLock { frozen = false }
+    }
 
     /// Sessions in use and idle, for metrics.
     var usage: (inUse: Int, idle: Int, waiting: Int) {
@@ -136,6 +160,9 @@ final class SessionPool: @unchecked Sendable {
     /// while it waits; nil at the deadline.
     private func waitForGrant(deadline: UInt64) -> Grant? {
         while true {
+            // The module is being finalized and initialized again: no session
+            // of it may be used (the token is down meanwhile, so this is short).
+            if frozen { return nil }
             if let handle = idle.popLast() {
                 return .reuse(handle, generation, epoch)
             }
@@ -255,8 +282,10 @@ final class SessionPool: @unchecked Sendable {
                 lock.signal(waiter.condition)
             }
             waiters.removeAll()
+            if !moduleReinitialized && !old.isEmpty { outstanding += 1 }
             return moduleReinitialized ? [] : old
         }
         for handle in toClose { close(handle) }
+        if !toClose.isEmpty { lock.withLock { outstanding -= 1 } }
     }
 }

@@ -113,4 +113,22 @@ struct SessionPoolTests {
         pool.discard(fresh)
         #expect(pool.leasesOut == 0)
     }
+
+    @Test("freezeIfIdle refuses while a lease is out; once frozen no lease is granted until unfreeze")
+    func freezeForReinitialization() throws {
+        let ledger = SessionLedger()
+        let pool = ledger.pool(capacity: 2)
+        let lease = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        #expect(!pool.freezeIfIdle(), "a lease is out")
+        pool.checkin(lease)
+        #expect(pool.freezeIfIdle())
+        let refused = #expect(throws: HSMError.self) { try pool.checkout(deadline: MonotonicClock.deadline(after: 0.1)) }
+        #expect(refused?.code == .sessionUnavailable)
+        pool.reset(moduleReinitialized: true)
+        pool.unfreeze()
+        let after = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        #expect(after.handle != lease.handle, "a new session on the reinitialized module")
+        pool.checkin(after)
+        #expect(pool.leasesOut == 0)
+    }
 }
