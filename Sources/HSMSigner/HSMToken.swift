@@ -1081,7 +1081,8 @@ public final class HSMToken: @unchecked Sendable {
             let full = state.withLock { $0.needsReinitialize } || attempt > 1
             // freezeIfIdle() also keeps any session from being leased until
             // reconnect() has reset the pool on the reinitialized module.
-            let outcome = rebuild(reinitialize: full && callsInModule == 0 && pool.freezeIfIdle())
+            let reinitializing = full && callsInModule == 0 && pool.freezeIfIdle()
+            let outcome = rebuild(reinitialize: reinitializing)
             switch outcome {
             case .success:
                 let recovered = state.withLock { state -> (String, UInt64)? in
@@ -1089,7 +1090,11 @@ public final class HSMToken: @unchecked Sendable {
                     // close() ran during the last step: the token stays closed.
                     guard !state.closed else { return nil }
                     state.status = .up
-                    state.needsReinitialize = false
+                    // A module failure recovered on new sessions only (a lease
+                    // was out) still wants C_Finalize: sessions whose close it
+                    // refused may be open in the module. The next outage
+                    // begins with it.
+                    if reinitializing { state.needsReinitialize = false }
                     state.recoveryThreadFailed = false
                     return (state.label, state.downSince)
                 }
