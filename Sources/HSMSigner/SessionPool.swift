@@ -282,8 +282,12 @@ final class SessionPool: @unchecked Sendable {
                 lock.signal(waiter.condition)
             }
             waiters.removeAll()
-            if !moduleReinitialized && !old.isEmpty { outstanding += 1 }
-            return moduleReinitialized ? [] : old
+            // While frozen the module is about to be finalized, which ends
+            // these sessions anyway; a close by number could land after its
+            // C_Initialize, on a new session given the same number.
+            let closing = moduleReinitialized || frozen ? [] : old
+            if !closing.isEmpty { outstanding += 1 }
+            return closing
         }
         for handle in toClose { close(handle) }
         if !toClose.isEmpty { lock.withLock { outstanding -= 1 } }

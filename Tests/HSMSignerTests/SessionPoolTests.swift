@@ -124,6 +124,11 @@ struct SessionPoolTests {
         #expect(pool.freezeIfIdle())
         let refused = #expect(throws: HSMError.self) { try pool.checkout(deadline: MonotonicClock.deadline(after: 0.1)) }
         #expect(refused?.code == .sessionUnavailable)
+        // A request thread's own reset meanwhile closes nothing: the
+        // reinitialization ends these sessions, and a close landing after
+        // it could hit a new session with the same number.
+        pool.reset(moduleReinitialized: false)
+        #expect(ledger.closed.withLock { $0 }.isEmpty, "no close while frozen")
         pool.reset(moduleReinitialized: true)
         pool.unfreeze()
         let after = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
