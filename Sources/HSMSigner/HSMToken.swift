@@ -10,7 +10,10 @@ public struct TokenOptions: Sendable {
     /// `ulMaxSessionCount` less 2 (the login session and one for
     /// administration), and at least 1. Default 8.
     public var sessionPoolSize: Int = 8
-    /// How long a signer waits for a free session before giving up, in seconds. Default 2.
+    /// How long a signer waits for a free session before giving up, in
+    /// seconds; also how long recovery after a module failure waits for
+    /// leased sessions to come back before it recovers on new sessions
+    /// without reinitializing the module. Default 2.
     public var sessionCheckoutTimeout: Double = 2
     /// First delay between recovery attempts while the token is down, in seconds. Default 0.1.
     public var recoveryInitialBackoff: Double = 0.1
@@ -161,6 +164,10 @@ public final class HSMToken: @unchecked Sendable {
     public var sessionUsage: (inUse: Int, idle: Int, waiting: Int) { pool.usage }
     /// The most sessions the pool opens.
     public var sessionCapacity: Int { pool.capacity }
+    /// The slot the token was last found in, and the session holding its
+    /// login (nil while none is open): what the module should hold besides
+    /// the pool's sessions.
+    var slotAndAnchor: (slot: UInt, anchor: UInt?) { state.withLock { ($0.slot, $0.anchorSession) } }
 
     /// When the token was last marked down (``markDown(reason:reinitialize:cause:)``),
     /// in ``MonotonicClock`` nanoseconds; 0 when never. With ``status`` `.up`,
@@ -1063,6 +1070,7 @@ public final class HSMToken: @unchecked Sendable {
     private func recover() {
         var backoff = options.recoveryInitialBackoff
         var attempt = 0
+        var waitedForLeases = false
         state.withLock { $0.missingAfterReinitialize = 0 }
         while true {
             attempt += 1
@@ -1078,10 +1086,20 @@ public final class HSMToken: @unchecked Sendable {
             // inside the module (finalizing under it is undefined behaviour):
             // a C_Sign being written off, or any call on a session still
             // leased (a hung C_FindObjects holds its lease).
-            let full = state.withLock { $0.needsReinitialize } || attempt > 1
+            let moduleFailed = state.withLock { $0.needsReinitialize }
+            let full = moduleFailed || attempt > 1
             // freezeIfIdle() also keeps any session from being leased until
             // reconnect() has reset the pool on the reinitialized module.
-            let reinitializing = full && callsInModule == 0 && pool.freezeIfIdle()
+            var reinitializing = full && callsInModule == 0 && pool.freezeIfIdle()
+            // After a module failure, C_Finalize also ends the sessions whose
+            // C_CloseSession failed in the outage, which new sessions alone
+            // would leave open in the module. The leases out then are mostly
+            // calls failing or finishing: wait for them once per outage, for
+            // as long as a request waits for a session, before falling back.
+            if moduleFailed && !reinitializing && !waitedForLeases {
+                waitedForLeases = true
+                reinitializing = freezeWhenIdle(until: MonotonicClock.deadline(after: options.sessionCheckoutTimeout))
+            }
             let outcome = rebuild(reinitialize: reinitializing)
             switch outcome {
             case .success:
@@ -1100,7 +1118,8 @@ public final class HSMToken: @unchecked Sendable {
                 }
                 guard let (label, since) = recovered else { return }
                 logger.notice("token_up", ["token.label": .string(label), "recovery.attempts": .int(Int64(attempt)),
-                                           "recovery.ms": .int(Int64(MonotonicClock.nanoseconds(from: since, to: MonotonicClock.now()) / 1_000_000))])
+                                           "recovery.ms": .int(Int64(MonotonicClock.nanoseconds(from: since, to: MonotonicClock.now()) / 1_000_000)),
+                                           "module.reinitialized": .bool(reinitializing)])
                 return
             case .failure(let error) where error.code == .pinRejected:
                 state.withLock { $0.recovering = false }
@@ -1110,6 +1129,21 @@ public final class HSMToken: @unchecked Sendable {
                 backoff = min(backoff * 2, options.recoveryMaximumBackoff)
             }
         }
+    }
+
+    /// Waits until no call is inside the module and no lease is out, then
+    /// freezes the pool (``SessionPool/freezeIfIdle()``) for a module
+    /// reinitialization; polls every 5 ms.
+    /// - Parameter deadline: ``MonotonicClock`` nanoseconds.
+    /// - Returns: true when frozen; false at the deadline, or when the
+    ///   token was closed meanwhile.
+    private func freezeWhenIdle(until deadline: UInt64) -> Bool {
+        while !state.withLock({ $0.closed }) {
+            if callsInModule == 0 && pool.freezeIfIdle() { return true }
+            if MonotonicClock.now() >= deadline { return false }
+            usleep(5_000)
+        }
+        return false
     }
 
     /// New sessions, the token's slot found again and a new login; first

@@ -1,3 +1,4 @@
+import CPKCS11
 import Foundation
 @testable import HSMSigner
 import TestSupport
@@ -304,6 +305,54 @@ struct SessionFaultTests {
         #expect(setup.faults.calls(.login) == logins + 1)
         #expect(codes.withLock { $0.allSatisfy { $0 == .pinRejected } })
         #expect(setup.hsm.status == .pinRejected(.pinIncorrect))
+    }
+
+    /// Sessions of the token's slot open in the module, asked of SoftHSM
+    /// itself with `C_GetSessionInfo` on every handle number up to `highest`.
+    static func sessionsOpenInModule(_ setup: Setup, upTo highest: UInt) -> Int {
+        let slot = setup.hsm.slotAndAnchor.slot
+        var info = CK_SESSION_INFO()
+        return (1...highest).filter { handle in
+            setup.hsm.functions.module.list.pointee.C_GetSessionInfo(CK_SESSION_HANDLE(handle), &info) == CKR_OK && info.slotID == CK_SLOT_ID(slot)
+        }.count
+    }
+
+    @Test("a module failure while a call holds a session: recovery waits for the call and reinitializes, so no session whose close failed in the outage stays open")
+    func closeFailedDuringOutage() throws {
+        let setup = try Self.setUp("close-failed")
+        defer { setup.hsm.close() }
+        // Both sessions of the pool open and idle.
+        let deadline = MonotonicClock.deadline(after: 2)
+        let first = try setup.hsm.pool.checkout(deadline: deadline)
+        let second = try setup.hsm.pool.checkout(deadline: deadline)
+        setup.hsm.pool.checkin(first)
+        setup.hsm.pool.checkin(second)
+        let highest = max(first.handle, second.handle) + 1000
+        let before = Self.sessionsOpenInModule(setup, upTo: highest)
+
+        // One signer's C_Sign takes 1 s, so its session stays leased
+        // through the outage and past recovery's first attempt.
+        setup.faults.inject(.sign, .ok, count: 1, delay: 1.0)
+        let slowSigned = Mutex<Bool?>(nil)
+        let slow = Thread { slowSigned.withLock { $0 = (try? Self.signAndVerify(setup, "slow")) ?? false } }
+        slow.start()
+        usleep(150_000)
+        // The device fails: the other signer's session is discarded, and its
+        // C_CloseSession fails too, so the module keeps it open.
+        setup.faults.outage(.deviceError, seconds: 0.2)
+        #expect(throws: HSMError.self) { try Self.signAndVerify(setup, "in the outage") }
+        #expect(setup.hsm.status != .up)
+
+        let waitUntil = MonotonicClock.deadline(after: 10)
+        while (setup.hsm.status != .up || slowSigned.withLock({ $0 }) == nil) && MonotonicClock.now() < waitUntil { usleep(20_000) }
+        #expect(slowSigned.withLock { $0 } == true, "the slow call's signature was kept")
+        #expect(setup.hsm.status == .up)
+        #expect(setup.faults.calls(.finalize) >= 1, "recovery reinitialized the module")
+        #expect(try Self.signAndVerify(setup, "after"))
+        let usage = setup.hsm.sessionUsage
+        let anchor = setup.hsm.slotAndAnchor.anchor == nil ? 0 : 1
+        let open = Self.sessionsOpenInModule(setup, upTo: highest)
+        #expect(open == usage.idle + usage.inUse + anchor, "sessions open in the module (\(open), \(before) before) are the pool's \(usage.idle + usage.inUse) and the login anchor's \(anchor)")
     }
 
     @Test("session checkout waits for a free session instead of failing")
