@@ -526,12 +526,21 @@ struct PKCS11Functions: @unchecked Sendable {
     func attributeLength(_ session: UInt, object: UInt, type: UInt) -> (PKCS11ReturnValue, Int?) {
         gated((.cryptokiNotInitialized, nil)) {
             if let rv = intercepted(.getAttributeValue, session) { return (rv, nil) }
-            var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: nil, ulValueLen: 0)
-            let rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
-            guard rv == .ok else { return (rv, nil) }
-            if query.ulValueLen == CK_ULONG.max { return (.attributeSensitive, nil) }
-            return (rv, Int(clamping: query.ulValueLen))
+            let (rv, length) = lengthQuery(session, object: object, type: type)
+            return (rv, length.map { Int(clamping: $0) })
         }
+    }
+
+    /// The first, sizing `C_GetAttributeValue` call (`pValue` NULL), inside
+    /// a caller's gate and after its interposer check.
+    /// - Returns: `.ok` and the length; the failure, or
+    ///   `CKR_ATTRIBUTE_SENSITIVE` for `CK_UNAVAILABLE_INFORMATION`, and nil.
+    private func lengthQuery(_ session: UInt, object: UInt, type: UInt) -> (PKCS11ReturnValue, CK_ULONG?) {
+        var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: nil, ulValueLen: 0)
+        let rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
+        guard rv == .ok else { return (rv, nil) }
+        if query.ulValueLen == CK_ULONG.max { return (.attributeSensitive, nil) }  // CK_UNAVAILABLE_INFORMATION
+        return (rv, query.ulValueLen)
     }
 
     /// `C_GetAttributeValue` for one attribute, sized by a first call.
@@ -541,14 +550,13 @@ struct PKCS11Functions: @unchecked Sendable {
     func attribute(_ session: UInt, object: UInt, type: UInt) -> (PKCS11ReturnValue, [UInt8]?) {
         gated((.cryptokiNotInitialized, nil)) {
             if let rv = intercepted(.getAttributeValue, session) { return (rv, nil) }
-            var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: nil, ulValueLen: 0)
-            var rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
-            guard rv == .ok else { return (rv, nil) }
-            if query.ulValueLen == CK_ULONG.max { return (.attributeSensitive, nil) }
+            let (sized, length) = lengthQuery(session, object: object, type: type)
+            guard let length else { return (sized, nil) }
             // A module's length is not trusted to size an allocation.
-            guard query.ulValueLen <= PKCS11Functions.longestAttribute else { return (.generalError, nil) }
-            var value = [UInt8](repeating: 0, count: Int(query.ulValueLen))
-            rv = value.withUnsafeMutableBytes { buffer in
+            guard length <= PKCS11Functions.longestAttribute else { return (.generalError, nil) }
+            var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: nil, ulValueLen: length)
+            var value = [UInt8](repeating: 0, count: Int(length))
+            let rv = value.withUnsafeMutableBytes { buffer in
                 query.pValue = buffer.baseAddress
                 return PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
             }
