@@ -102,8 +102,8 @@ public struct OffersRequest: Codable, Sendable, Equatable {
         public var productID: String
         /// Sent by the SDK and ignored (kept when it is a string).
         public var subscriptionGroup: String?
-        /// Why this entry cannot be signed (a missing, mistyped or unknown
-        /// member, or an identifier breaking the field rules), found while parsing; the other offers are signed anyway
+        /// Why this entry cannot be signed (a missing or mistyped member, or
+        /// an identifier breaking the field rules), found while parsing; the other offers are signed anyway
         /// and this one is answered with a `signature_error`. Then
         /// ``offerID`` and ``productID`` hold what was sent when it was a
         /// string, else "". Not part of the wire format.
@@ -143,12 +143,15 @@ public struct OffersRequest: Codable, Sendable, Equatable {
     }
 
     /// Parses a request body. The contract has each offer succeed or fail on
-    /// its own, so a problem inside one `generate_offers` entry (a missing,
-    /// mistyped or unknown member) is kept in that entry's
-    /// ``Offer/problem`` instead of failing the request.
+    /// its own, so a problem with the values of one `generate_offers` entry
+    /// (a missing or mistyped member, an identifier breaking the field
+    /// rules) is kept in that entry's ``Offer/problem`` instead of failing
+    /// the request. An unknown member is refused as in every request.
     /// - Throws: ``APIError`` naming the field for a problem of the request
     ///   itself: its top-level members, `generate_offers` not an array of
-    ///   1–50 entries, or an entry that is not a JSON object.
+    ///   1–50 entries, an entry that is not a JSON object, or
+    ///   `unknown_field` for an entry member that is not `offer_id`,
+    ///   `product_id` or `subscription_group`.
     public init(body: [UInt8]) throws(APIError) {
         // No number in this request is ever signed: one beyond Int64 fails
         // only the field or entry that holds it, not the batch.
@@ -166,18 +169,26 @@ public struct OffersRequest: Codable, Sendable, Equatable {
             guard case .object(let members) = entry else {
                 throw APIError(.invalidField, "generate_offers[\(index)] must be an object with offer_id and product_id", field: "generate_offers[\(index)]")
             }
-            offers.append(Self.offer(members, path: "generate_offers[\(index)]."))
+            // An unknown member is a typo (`productId`), which the contract
+            // refuses for the whole request, as at the top level (400
+            // `unknown_field`); a value that breaks a rule stays the entry's own.
+            let path = "generate_offers[\(index)]."
+            offers.append(Self.offer(try FieldReader(members: members, path: path, allowed: Self.offerFields), members, path: path))
         }
         generateOffers = offers
     }
 
-    /// One entry of `generate_offers`, or what is wrong with it.
-    private static func offer(_ members: [String: JSONValue], path: String) -> Offer {
+    /// One entry of `generate_offers`, or what is wrong with its values.
+    /// - Parameters:
+    ///   - reader: a reader over `members`, whose names are already checked.
+    ///   - members: the entry's members, for echoing what was sent.
+    ///   - path: `generate_offers[i].`, for messages.
+    private static func offer(_ reader: FieldReader, _ members: [String: JSONValue], path: String) -> Offer {
         // `subscription_group` is ignored whatever its type (the contract); a string is kept.
         var group: String?
         if case .string(let value)? = members["subscription_group"] { group = value }
+        var reader = reader
         do throws(APIError) {
-            var reader = try FieldReader(members: members, path: path, allowed: offerFields)
             let offerID = try reader.string("offer_id")
             let productID = try reader.string("product_id")
             reader.ignore("subscription_group")

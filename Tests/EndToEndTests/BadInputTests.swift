@@ -88,6 +88,10 @@ struct BadInputTests {
         FieldCase(name: "timestamp with a fraction", path: offer, fields: with(["timestamp": 1.5]), status: 400, code: "invalid_field", field: "timestamp"),
         FieldCase(name: "batch: no offers", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "app_user_id": "u", "generate_offers": [[String: String]]()], status: 400, code: "invalid_field", field: "generate_offers"),
         FieldCase(name: "batch: 51 offers", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "app_user_id": "u", "generate_offers": Array(repeating: ["offer_id": "a", "product_id": "p"], count: 51)], status: 400, code: "invalid_field", field: "generate_offers"),
+        // The contract refuses unknown fields in a request "so that a typo such as productId is never silently signed".
+        FieldCase(name: "batch: typo productId in an offer", path: "/v1/offers",
+                  fields: ["bundle_id": "com.example.app", "generate_offers": [["offer_id": "a", "product_id": "p"], ["offer_id": "a", "productId": "p"]]],
+                  status: 400, code: "unknown_field", field: "generate_offers[1].productId"),
         FieldCase(name: "batch: offers not an array", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": "a"], status: 400, code: "invalid_field", field: "generate_offers"),
     ]
 
@@ -100,7 +104,7 @@ struct BadInputTests {
                 ["offer_id": "good", "product_id": "p1"],
                 ["offer_id": "a\u{2063}", "product_id": "p2"],
                 ["offer_id": "no_product"],
-                ["offer_id": "c", "product_id": "p4", "productId": "p4"],
+                ["offer_id": "c", "product_id": "p\u{7}"],
                 ["offer_id": "d", "product_id": 5],
                 ["offer_id": "grouped", "product_id": "p6", "subscription_group": 5],
             ] as [[String: any Sendable]],
@@ -111,7 +115,7 @@ struct BadInputTests {
         // Refused entries: code 7226, the message names the field, the sent identifiers are echoed.
         let refused: [(index: Int, field: String, offerID: String, productID: String)] = [
             (1, "generate_offers[1].offer_id", "a\u{2063}", "p2"), (2, "generate_offers[2].product_id", "no_product", ""),
-            (3, "generate_offers[3].productId", "c", "p4"), (4, "generate_offers[4].product_id", "d", ""),
+            (3, "generate_offers[3].product_id", "c", "p\u{7}"), (4, "generate_offers[4].product_id", "d", ""),
         ]
         for entry in refused {
             let offer = offers[entry.index]
@@ -156,14 +160,14 @@ struct BadInputTests {
         let big = "99999999999999999999"
         let text = #"{"bundle_id":"com.example.other","generate_offers":[{"offer_id":"good","product_id":"p"},"#
             + #"{"offer_id":"grouped","product_id":"p","subscription_group":{"x":[\#(big)]}},"#
-            + #"{"offer_id":\#(big),"product_id":"p"},{"offer_id":"o","product_id":"p","zz":\#(big)}]}"#
+            + #"{"offer_id":\#(big),"product_id":"p"},{"offer_id":"o","product_id":\#(big)}]}"#
         let response = try daemon.client().send("POST", "/v1/offers", body: Array(text.utf8))
         #expect(response.status == 200, "\(String(decoding: response.body, as: UTF8.self))")
         let offers = try response.decode(OffersResponse.self).offers
         try #require(offers.count == 4)
         #expect(offers[0].signatureData != nil && offers[1].signatureData != nil, "subscription_group is ignored, whatever it holds")
         #expect(offers[2].signatureError?.code == OffersResponse.invalidOfferCode && offers[2].signatureError?.message.contains("generate_offers[2].offer_id") == true)
-        #expect(offers[3].signatureError?.code == OffersResponse.invalidOfferCode && offers[3].signatureError?.message.contains("generate_offers[3].zz") == true)
+        #expect(offers[3].signatureError?.code == OffersResponse.invalidOfferCode && offers[3].signatureError?.message.contains("generate_offers[3].product_id") == true)
         // A number the parser itself cannot hold (over 308 digits) fails the whole body, but the
         // error does not quote all of it.
         let huge = String(repeating: "9", count: 60_000)
