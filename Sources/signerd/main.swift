@@ -321,14 +321,14 @@ func runDaemon() -> Never {
     // the latest keys once more, not once per reload. Shutdown stops it
     // between keys and waits for it before closing the token.
     let selfTestKeys = Locked<[KeyConfiguration]>([])
-    let selfTests = ReloadRunner {
+    let selfTests = CoalescingRunner {
         _ = selfTest(selfTestKeys.withLock { $0 }, token: token, logger: logger, stopped: { stopNotified.withLock { $0 } })
     }
     let startConfiguration = configuration
     // Reloads run on a thread of their own: one can wait on the token (a
     // C_Login, or recovery's login holding the PIN), and this thread must
     // stay free to take SIGTERM.
-    let reloads = ReloadRunner {
+    let reloads = CoalescingRunner {
         logger.info("reload_requested", ["config.path": .string(configPath)])
         stopNotified.withLock { stopping in
             if !stopping { Systemd.notify("RELOADING=1\nMONOTONIC_USEC=\(Systemd.monotonicMicroseconds)") }
@@ -381,7 +381,7 @@ func runDaemon() -> Never {
             Systemd.notify("STOPPING=1")
         }
         // A queued reload must not apply its file while signerd stops.
-        reloads.refuseNewReloads()
+        reloads.refuseNewRuns()
         let listening = server.stopAccepting()
         removeSocketFile()
         // Connections whose connect() returned but that libmicrohttpd had

@@ -76,7 +76,7 @@ struct OutOfThreadsTests {
 
         let reloaded = Atomic(0)
         let configuration = daemon.service.configuration
-        let runner = ReloadRunner {
+        let runner = CoalescingRunner {
             try? daemon.service.reload(configuration)
             reloaded.add(1, ordering: .relaxed)
         }
@@ -98,7 +98,7 @@ struct OutOfThreadsTests {
         #expect(daemon.verifies(try client.send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)))
     }
 
-    /// Counts the runs of a ``ReloadRunner``'s work.
+    /// Counts the runs of a ``CoalescingRunner``'s work.
     final class RunCount: Sendable {
         let value = Atomic(0)
         var count: Int { value.load(ordering: .relaxed) }
@@ -106,10 +106,10 @@ struct OutOfThreadsTests {
 
     /// A runner whose first run is started and held until the semaphore is
     /// signalled; later runs return at once.
-    static func runnerHeldInFirstRun() throws -> (ReloadRunner, DispatchSemaphore, RunCount) {
+    static func runnerHeldInFirstRun() throws -> (CoalescingRunner, DispatchSemaphore, RunCount) {
         let gate = DispatchSemaphore(value: 0)
         let runs = RunCount()
-        let runner = ReloadRunner {
+        let runner = CoalescingRunner {
             if runs.value.add(1, ordering: .relaxed).newValue == 1 { gate.wait() }
         }
         #expect(runner.request() == .started)
@@ -138,7 +138,7 @@ struct OutOfThreadsTests {
     func queuedReloadDroppedAtShutdown() throws {
         let (runner, gate, runs) = try Self.runnerHeldInFirstRun()
         #expect(runner.request() == .queued)
-        runner.refuseNewReloads()
+        runner.refuseNewRuns()
         #expect(runner.request() == .stopping)
         gate.signal()
         #expect(runner.stop(waitingSeconds: 2))
@@ -149,7 +149,7 @@ struct OutOfThreadsTests {
     func reloadWithoutThread() throws {
         defer { OSThread.failuresToInject.withLock { $0 = 0 } }
         let runs = Atomic(0)
-        let runner = ReloadRunner { runs.add(1, ordering: .relaxed) }
+        let runner = CoalescingRunner { runs.add(1, ordering: .relaxed) }
         OSThread.failuresToInject.withLock { $0 = 1 }
         #expect(runner.request() == .noThread)
         #expect(runs.load(ordering: .relaxed) == 0)
