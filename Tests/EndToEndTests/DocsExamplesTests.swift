@@ -49,17 +49,30 @@ struct DocsExamplesTests {
 
     static let hasNode = FileManager.default.isExecutableFile(atPath: "/usr/bin/node")
 
+    /// Starts a signerd with one key, writes the README block after
+    /// `marker` to a file with only the socket path changed, and runs it
+    /// with `command` followed by the file's path.
+    /// - Returns: the running daemon (the caller stops it) and the run.
+    static func runReadmeExample(after marker: String, fence: String, keyID: String, command: [String]) throws -> (DaemonHarness, (status: Int32, stdout: String, stderr: String)) {
+        let script = try readmeBlock(after: marker, fence: fence)
+        let daemon = try DaemonHarness(keyIDs: [keyID])
+        do {
+            try daemon.start()
+            let file = TemporaryDirectory.make(prefix: "signerd-readme-\(fence)") + "/example.\(fence)"
+            try script.replacingOccurrences(of: "/run/signerd/signerd.sock", with: daemon.socketPath)
+                .write(toFile: file, atomically: false, encoding: .utf8)
+            return (daemon, runProgram(command[0], Array(command.dropFirst()) + [file]))
+        } catch {
+            daemon.stop()
+            throw error
+        }
+    }
+
     @Test("README's Node.js example, run as written by node against a running signerd, prints a signature that verifies",
           .enabled(if: hasNode, "node is not installed (Debian package nodejs); the Node.js example is not run"))
     func readmeNodeExample() throws {
-        let script = try Self.readmeBlock(after: "Node.js (no dependencies):", fence: "js")
-        let daemon = try DaemonHarness(keyIDs: ["DOCS000002"])
-        try daemon.start()
+        let (daemon, run) = try Self.runReadmeExample(after: "Node.js (no dependencies):", fence: "js", keyID: "DOCS000002", command: ["/usr/bin/node"])
         defer { daemon.stop() }
-        let directory = TemporaryDirectory.make(prefix: "signerd-readme-node")
-        try script.replacingOccurrences(of: "/run/signerd/signerd.sock", with: daemon.socketPath)
-            .write(toFile: directory + "/sign.js", atomically: false, encoding: .utf8)
-        let run = runProgram("/usr/bin/node", [directory + "/sign.js"])
         #expect(run.status == 0, "\(run.stderr)")
         #expect(daemon.verifies(body: Array(run.stdout.utf8), bundleID: "com.example.app", productID: "pro_monthly", offerID: "winback_half_price", token: ""),
                 "\(run.stdout) \(run.stderr)")
@@ -67,14 +80,8 @@ struct DocsExamplesTests {
 
     @Test("README's Python example, run as written by python3 against a running signerd, prints a 200 whose signature verifies")
     func readmePythonExample() throws {
-        let script = try Self.readmeBlock(after: "Python (standard library):", fence: "python")
-        let daemon = try DaemonHarness(keyIDs: ["DOCS000003"])
-        try daemon.start()
+        let (daemon, run) = try Self.runReadmeExample(after: "Python (standard library):", fence: "python", keyID: "DOCS000003", command: ["/usr/bin/env", "python3"])
         defer { daemon.stop() }
-        let directory = TemporaryDirectory.make(prefix: "signerd-readme-python")
-        try script.replacingOccurrences(of: "/run/signerd/signerd.sock", with: daemon.socketPath)
-            .write(toFile: directory + "/sign.py", atomically: false, encoding: .utf8)
-        let run = runProgram("/usr/bin/env", ["python3", directory + "/sign.py"])
         #expect(run.status == 0, "\(run.stderr)")
         // It prints the tuple (status, answer) as Python shows it: take the answer's values back to JSON.
         #expect(run.stdout.hasPrefix("(200, {"), "\(run.stdout) \(run.stderr)")

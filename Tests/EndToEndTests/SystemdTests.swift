@@ -48,6 +48,18 @@ struct SystemdTests {
     static let hasSystemdAnalyze = FileManager.default.isExecutableFile(atPath: "/usr/bin/systemd-analyze")
     static let hasSocketActivate = FileManager.default.isExecutableFile(atPath: "/usr/bin/systemd-socket-activate")
 
+    /// Starts a daemon with a `NOTIFY_SOCKET` of the test's own and
+    /// `WATCHDOG_USEC` set to `watchdogUSec` (microseconds, as systemd
+    /// writes it), after `configure` has set it up.
+    /// - Returns: the daemon, the listener, and what signerd said until `READY=1` (5 s at most).
+    static func startNotified(watchdogUSec: String, configure: (DaemonHarness) throws -> Void = { _ in }) throws -> (DaemonHarness, NotifyListener, [String]) {
+        let daemon = try DaemonHarness()
+        try configure(daemon)
+        let notify = try NotifyListener(directory: daemon.directory)
+        try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": watchdogUSec])
+        return (daemon, notify, notify.messages(for: 5, until: "READY=1"))
+    }
+
     @Test("the units pass systemd-analyze verify", .enabled(if: hasSystemdAnalyze, "systemd-analyze is not installed (Debian package systemd)"))
     func unitsVerify() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-units")
@@ -74,10 +86,7 @@ struct SystemdTests {
 
     @Test("sd_notify: READY=1 once serving, RELOADING=1/READY=1 around SIGHUP, WATCHDOG=1 with WatchdogSec, STOPPING=1")
     func notifications() throws {
-        let daemon = try DaemonHarness()
-        let notify = try NotifyListener(directory: daemon.directory)
-        try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000"])
-        let startup = notify.messages(for: 5, until: "READY=1")
+        let (daemon, notify, startup) = try Self.startNotified(watchdogUSec: "400000")
         let ready = try #require(startup.last)
         #expect(ready.contains("READY=1"))
         #expect(ready.contains("STATUS=serving 1 key on "), "\(ready)")
@@ -96,10 +105,8 @@ struct SystemdTests {
     /// `/healthz`) in a loop at 100 % of a CPU: 10,625 pings in 3 s.
     @Test("a WatchdogSec of 2 µs is pinged at most every 50 ms")
     func shortWatchdogInterval() throws {
-        let daemon = try DaemonHarness()
-        let notify = try NotifyListener(directory: daemon.directory)
-        try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "2"])
-        #expect(notify.messages(for: 5, until: "READY=1").last?.contains("READY=1") == true)
+        let (daemon, notify, startup) = try Self.startNotified(watchdogUSec: "2")
+        #expect(startup.last?.contains("READY=1") == true)
         let pings = notify.messages(for: 1).filter { $0 == "WATCHDOG=1" }.count
         #expect(pings >= 5 && pings <= 22, "\(pings) pings in 1 s; one per 50 ms is 20")
         #expect(daemon.stop() == 0)
@@ -130,10 +137,7 @@ struct SystemdTests {
     /// beyond `useconds_t`, and signerd died right after `READY=1`.
     @Test("a WatchdogSec beyond usleep's range (3 h) is pinged hourly, and signerd keeps serving")
     func longWatchdogInterval() throws {
-        let daemon = try DaemonHarness()
-        let notify = try NotifyListener(directory: daemon.directory)
-        try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "10800000000"])
-        let startup = notify.messages(for: 5, until: "READY=1")
+        let (daemon, notify, startup) = try Self.startNotified(watchdogUSec: "10800000000")
         #expect(startup.last?.contains("READY=1") == true, "\(startup)")
         _ = notify.messages(for: 1)
         #expect(daemon.process?.isRunning == true, "signerd exited after READY=1: \(daemon.log.suffix(5))")
@@ -147,12 +151,8 @@ struct SystemdTests {
     /// refused, the pings stopped, and systemd would kill a healthy daemon.
     @Test("WATCHDOG=1 keeps coming while clients of signerd's own uid are over the rate limit")
     func watchdogOutsideRateLimit() throws {
-        let daemon = try DaemonHarness()
-        try daemon.writeConfig(["rate_limit_per_second": 1, "rate_limit_burst": 1])
-        let notify = try NotifyListener(directory: daemon.directory)
-        try daemon.start(extraEnvironment: ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000"])
+        let (daemon, notify, _) = try Self.startNotified(watchdogUSec: "400000") { try $0.writeConfig(["rate_limit_per_second": 1, "rate_limit_burst": 1]) }
         defer { daemon.stop() }
-        _ = notify.messages(for: 5, until: "READY=1")
         // A client of the same uid (this test runs as the daemon's user) keeps the bucket empty.
         let client = daemon.client()
         defer { client.close() }
