@@ -1099,6 +1099,10 @@ public final class HSMToken: @unchecked Sendable {
             if moduleFailed && !reinitializing && !waitedForLeases {
                 waitedForLeases = true
                 reinitializing = freezeWhenIdle(until: MonotonicClock.deadline(after: options.sessionCheckoutTimeout))
+                if !reinitializing && state.withLock({ $0.closed }) {
+                    state.withLock { $0.recovering = false }
+                    return
+                }
             }
             let outcome = rebuild(reinitialize: reinitializing)
             switch outcome {
