@@ -203,7 +203,10 @@ final class SessionPool: @unchecked Sendable {
             returnedAt = MonotonicClock.now()
             lease.returned.store(true, ordering: .relaxed)
             let stale = lease.quarantined.load(ordering: .relaxed) || lease.generation != generation
-            guard !stale else { return lease.epoch == epoch }
+            if stale && lease.epoch == epoch { return true }
+            // Nothing to close: the lease ends here, in the same lock round trip.
+            outstanding -= 1
+            guard !stale else { return false }
             if waiters.isEmpty {
                 idle.append(lease.handle)
             } else {
@@ -213,7 +216,8 @@ final class SessionPool: @unchecked Sendable {
             }
             return false
         }
-        if closeIt { close(lease.handle) }
+        guard closeIt else { return }
+        close(lease.handle)
         lock.withLock { outstanding -= 1 }
     }
 
