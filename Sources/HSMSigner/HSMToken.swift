@@ -10,10 +10,7 @@ public struct TokenOptions: Sendable {
     /// `ulMaxSessionCount` less 2 (the login session and one for
     /// administration), and at least 1. Default 8.
     public var sessionPoolSize: Int = 8
-    /// How long a signer waits for a free session before giving up, in
-    /// seconds; also how long recovery after a module failure waits for
-    /// leased sessions to come back before it recovers on new sessions
-    /// without reinitializing the module. Default 2.
+    /// How long a signer waits for a free session before giving up, in seconds. Default 2.
     public var sessionCheckoutTimeout: Double = 2
     /// First delay between recovery attempts while the token is down, in seconds. Default 0.1.
     public var recoveryInitialBackoff: Double = 0.1
@@ -1094,11 +1091,11 @@ public final class HSMToken: @unchecked Sendable {
             // After a module failure, C_Finalize also ends the sessions whose
             // C_CloseSession failed in the outage, which new sessions alone
             // would leave open in the module. The leases out then are mostly
-            // calls failing or finishing: wait for them once per outage, for
-            // as long as a request waits for a session, before falling back.
+            // calls failing or finishing: wait for them once per outage, a
+            // bounded time, before falling back.
             if moduleFailed && !reinitializing && !waitedForLeases {
                 waitedForLeases = true
-                reinitializing = freezeWhenIdle(until: MonotonicClock.deadline(after: options.sessionCheckoutTimeout))
+                reinitializing = freezeWhenIdle(until: MonotonicClock.deadline(after: Self.leaseWaitSeconds))
                 if !reinitializing && state.withLock({ $0.closed }) {
                     state.withLock { $0.recovering = false }
                     return
@@ -1135,16 +1132,22 @@ public final class HSMToken: @unchecked Sendable {
         }
     }
 
+    /// How long recovery after a device or module failure waits, at most,
+    /// for leased sessions to come back so that it can reinitialize the
+    /// module, in seconds.
+    static let leaseWaitSeconds = 2.0
+
     /// Waits until no call is inside the module and no lease is out, then
     /// freezes the pool (``SessionPool/freezeIfIdle()``) for a module
     /// reinitialization; polls every 5 ms.
     /// - Parameter deadline: ``MonotonicClock`` nanoseconds.
-    /// - Returns: true when frozen; false at the deadline, or when the
-    ///   token was closed meanwhile.
+    /// - Returns: true when frozen; false at the deadline, as soon as every
+    ///   lease out is written off (a call that outlived `sign_timeout_ms`
+    ///   may never return), or when the token was closed meanwhile.
     private func freezeWhenIdle(until deadline: UInt64) -> Bool {
         while !state.withLock({ $0.closed }) {
             if callsInModule == 0 && pool.freezeIfIdle() { return true }
-            if MonotonicClock.now() >= deadline { return false }
+            if pool.onlyWrittenOffLeasesOut || MonotonicClock.now() >= deadline { return false }
             usleep(5_000)
         }
         return false

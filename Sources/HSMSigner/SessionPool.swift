@@ -61,6 +61,9 @@ final class SessionPool: @unchecked Sendable {
     /// holder has given it back and any close of it has returned. A reset
     /// closing idle sessions counts as one until its closes have returned.
     private var outstanding = 0
+    /// Leases out that ``quarantine(_:)`` wrote off (their call outlived its
+    /// time and may never return), until their holder gives them back.
+    private var writtenOff = 0
     /// Set by ``freezeIfIdle()`` for a module reinitialization: no lease is
     /// granted until ``unfreeze()``.
     private var frozen = false
@@ -94,6 +97,13 @@ final class SessionPool: @unchecked Sendable {
     /// holder's next call would use a session (and key) handle number that
     /// a reinitialized module may have given to something else.
     var leasesOut: Int { lock.withLock { outstanding } }
+
+    /// Whether leases are out and every one of them was written off
+    /// (``quarantine(_:)``): each is held by a call that outlived its time,
+    /// so waiting for the pool to become idle may never end.
+    var onlyWrittenOffLeasesOut: Bool {
+        lock.withLock { outstanding > 0 && outstanding <= writtenOff }
+    }
 
     /// Stops granting leases, when none is out, for a module
     /// reinitialization (`C_Finalize` + `C_Initialize`): checking that no
@@ -202,6 +212,7 @@ final class SessionPool: @unchecked Sendable {
         let closeIt: Bool = lock.withLock {
             returnedAt = MonotonicClock.now()
             lease.returned.store(true, ordering: .relaxed)
+            if lease.quarantined.load(ordering: .relaxed) { writtenOff -= 1 }
             let stale = lease.quarantined.load(ordering: .relaxed) || lease.generation != generation
             if stale && lease.epoch == epoch { return true }
             // Nothing to close: the lease ends here, in the same lock round trip.
@@ -226,6 +237,7 @@ final class SessionPool: @unchecked Sendable {
         let sameEpoch: Bool = lock.withLock {
             returnedAt = MonotonicClock.now()
             lease.returned.store(true, ordering: .relaxed)
+            if lease.quarantined.load(ordering: .relaxed) { writtenOff -= 1 }
             if !lease.quarantined.load(ordering: .relaxed) && lease.generation == generation {
                 counted -= 1
                 handOverFreedPlace()
@@ -247,6 +259,7 @@ final class SessionPool: @unchecked Sendable {
         lock.withLock {
             guard !lease.returned.load(ordering: .relaxed), !lease.quarantined.load(ordering: .relaxed) else { return false }
             lease.quarantined.store(true, ordering: .relaxed)
+            writtenOff += 1
             if lease.generation == generation {
                 counted -= 1
                 handOverFreedPlace()

@@ -355,6 +355,40 @@ struct SessionFaultTests {
         #expect(open == usage.idle + usage.inUse + anchor, "sessions open in the module (\(open), \(before) before) are the pool's \(usage.idle + usage.inUse) and the login anchor's \(anchor)")
     }
 
+    /// Waiting for a written-off call kept the token down for the whole
+    /// wait after every device failure (2.08 s against 0.10 s in an attack
+    /// round), and bought nothing: such a call may never return.
+    @Test("a device failure while a written-off call hangs: recovery does not wait for that call, and the token is up while it still hangs")
+    func deviceFailureWithWrittenOffCall() throws {
+        let setup = try Self.setUp("written-off")
+        defer { setup.hsm.close() }
+        #expect(try Self.signAndVerify(setup, "before"))
+        // Hung for 2.5 s: longer than recovery needs, shorter than the 2 s
+        // wait for leases would last from the device failure below.
+        setup.faults.inject(.sign, .ok, count: 1, delay: 2.5)
+        let hungCallReturned = Mutex(false)
+        let hung = Thread {
+            _ = try? Self.signAndVerify(setup, "hung")
+            hungCallReturned.withLock { $0 = true }
+        }
+        hung.start()
+        usleep(600_000)
+        #expect(setup.hsm.abandonCalls(olderThan: 0.5) == 1, "the hung C_Sign is written off, as the daemon's watchdog does")
+        var deadline = MonotonicClock.deadline(after: 1.5)
+        while setup.hsm.status != .up && MonotonicClock.now() < deadline { usleep(10_000) }
+        try #require(setup.hsm.status == .up, "recovered on new sessions after the write-off")
+
+        setup.faults.outage(.deviceError, seconds: 0.2)
+        #expect(throws: HSMError.self) { try Self.signAndVerify(setup, "in the outage") }
+        #expect(setup.hsm.status != .up)
+        deadline = MonotonicClock.deadline(after: 5)
+        while setup.hsm.status != .up && MonotonicClock.now() < deadline { usleep(10_000) }
+        #expect(setup.hsm.status == .up)
+        #expect(!hungCallReturned.withLock { $0 }, "the token was up again before the written-off call returned")
+        #expect(try Self.signAndVerify(setup, "after"))
+        while !hungCallReturned.withLock({ $0 }) { usleep(50_000) }
+    }
+
     @Test("session checkout waits for a free session instead of failing")
     func checkoutWaits() throws {
         let setup = try Self.setUp("wait")

@@ -245,18 +245,19 @@ struct FaultToleranceTests {
         let body = daemon.offerBody
         #expect(daemon.verifies(try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: body)))
         let searches = daemon.faults.calls(.findObjects)
-        daemon.faults.hang(.findObjects, seconds: 3, count: 1)
+        // 5 s: longer than recovery's 2 s wait for the search's lease to come back.
+        daemon.faults.hang(.findObjects, seconds: 5, count: 1)
         let hungAt = MonotonicClock.now()
         daemon.faults.invalidateObjects()
         OSThread.start { _ = try? SignerClient(socketPath: daemon.socketPath, timeout: 10).send("POST", "/v1/sign/promotional-offer", body: body) }
         #expect(poll(seconds: 2) { daemon.faults.calls(.findObjects) > searches }, "the key's search is hanging")
         let finalizes = daemon.faults.calls(.finalize)
         daemon.token.markDown(reason: PKCS11ReturnValue.deviceError.name, reinitialize: true)
-        #expect(poll(seconds: 2.5) { daemon.logged("token_up") > 0 }, "\(daemon.logLines.lines.suffix(4))")
+        #expect(poll(seconds: 4) { daemon.logged("token_up") > 0 }, "\(daemon.logLines.lines.suffix(4))")
         #expect(daemon.faults.calls(.finalize) == finalizes, "no C_Finalize while the search was inside the module")
-        // Once the search has left the module (3 s), the same request does
+        // Once the search has left the module (5 s), the same request does
         // reinitialize it: the count above stayed still for the search alone.
-        while Double(MonotonicClock.now() - hungAt) / 1e9 < 3.5 { usleep(100_000) }
+        while Double(MonotonicClock.now() - hungAt) / 1e9 < 5.5 { usleep(100_000) }
         daemon.token.markDown(reason: PKCS11ReturnValue.deviceError.name, reinitialize: true)
         #expect(poll(seconds: 5) { daemon.faults.calls(.finalize) > finalizes }, "C_Finalize once no call is inside the module")
         #expect(poll(seconds: 5) { daemon.logged("token_up") == 2 }, "\(daemon.logLines.lines.suffix(4))")
