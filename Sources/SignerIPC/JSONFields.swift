@@ -415,7 +415,26 @@ public struct FieldReader {
     /// `unknown_field` naming the first of `names` (sorted) not in `allowed`.
     private static func refuseUnknown(_ names: [String], path: String, allowed: Set<String>) throws(APIError) {
         if let first = names.filter({ !allowed.contains($0) }).sorted().first {
-            throw APIError(.unknownField, "\(path)\(first) is not a field of this request (fields are: \(allowed.sorted().joined(separator: ", "))); check the spelling (snake_case)", field: path + first)
+            let owner = path.isEmpty ? "this request" : String(path.dropLast())
+            throw APIError(.unknownField, "\(path)\(first) is not a field of \(owner) (fields are: \(allowed.sorted().joined(separator: ", "))); check the spelling (snake_case)", field: path + first)
+        }
+    }
+
+    /// Refuses unknown members in the objects of the array member `name`,
+    /// without reading it: unknown fields are reported before missing or
+    /// invalid ones (docs/API.md §1), those of a batch's entries included.
+    /// Does nothing when `name` is absent or not an array, and skips
+    /// entries that are not objects (later reads name those).
+    /// - Parameters:
+    ///   - name: the array member (`generate_offers`).
+    ///   - allowed: the member names each entry may carry.
+    /// - Throws: `unknown_field` naming the first unknown member (sorted)
+    ///   of the first entry that has one (`generate_offers[1].productId`).
+    public func refuseUnknownInEntries(of name: String, allowed: Set<String>) throws(APIError) {
+        guard case .array(let entries)? = members[name] else { return }
+        for (index, entry) in entries.enumerated() {
+            guard case .object(let entryMembers) = entry else { continue }
+            try Self.refuseUnknown(Array(entryMembers.keys), path: "\(path)\(name)[\(index)].", allowed: allowed)
         }
     }
 

@@ -665,8 +665,9 @@ public final class SignerService: HTTPHandler, Sendable {
     /// `POST /v1/offers` (RevenueCat SDK batch): each offer succeeds or fails
     /// on its own: 7226 for an entry that breaks a field rule (the message
     /// names the field), 7234 when no usable key serves the bundle. A
-    /// malformed request (bundle ID, `app_user_id`, the array itself) or an
-    /// unavailable HSM fails the whole request.
+    /// malformed request (bundle ID, `app_user_id`, the array itself, an
+    /// unknown member in any entry) or an unavailable HSM fails the whole
+    /// request.
     func signOffers(_ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> OffersResponse {
         let fields = try OffersRequest(body: request.body)
         var token = ""

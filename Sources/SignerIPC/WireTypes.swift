@@ -156,6 +156,11 @@ public struct OffersRequest: Codable, Sendable, Equatable {
         // No number in this request is ever signed: one beyond Int64 fails
         // only the field or entry that holds it, not the batch.
         var reader = try FieldReader(json: body, allowed: Self.fields, exactNumbers: false)
+        // An unknown member is a typo (`productId`), which the contract
+        // refuses for the whole request, entries included, before any other
+        // problem (400 `unknown_field`); a value that breaks a rule stays the
+        // entry's own.
+        try reader.refuseUnknownInEntries(of: "generate_offers", allowed: Self.offerFields)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         appUserID = try reader.optionalString("app_user_id") ?? ""
         let entries = try reader.array("generate_offers")
@@ -169,9 +174,6 @@ public struct OffersRequest: Codable, Sendable, Equatable {
             guard case .object(let members) = entry else {
                 throw APIError(.invalidField, "generate_offers[\(index)] must be an object with offer_id and product_id", field: "generate_offers[\(index)]")
             }
-            // An unknown member is a typo (`productId`), which the contract
-            // refuses for the whole request, as at the top level (400
-            // `unknown_field`); a value that breaks a rule stays the entry's own.
             let path = "generate_offers[\(index)]."
             offers.append(Self.offer(try FieldReader(members: members, path: path, allowed: Self.offerFields), members, path: path))
         }

@@ -92,6 +92,16 @@ struct BadInputTests {
         FieldCase(name: "batch: typo productId in an offer", path: "/v1/offers",
                   fields: ["bundle_id": "com.example.app", "generate_offers": [["offer_id": "a", "product_id": "p"], ["offer_id": "a", "productId": "p"]]],
                   status: 400, code: "unknown_field", field: "generate_offers[1].productId"),
+        // "Unknown fields are reported before missing or invalid ones" (API.md), an entry's included.
+        FieldCase(name: "batch: an entry's unknown member before a missing bundle_id", path: "/v1/offers",
+                  fields: ["generate_offers": [["offer_id": "a", "productId": "p"]]],
+                  status: 400, code: "unknown_field", field: "generate_offers[0].productId"),
+        FieldCase(name: "batch: an entry's unknown member before an earlier entry that is not an object", path: "/v1/offers",
+                  fields: ["bundle_id": "com.example.app", "generate_offers": ["x", ["offer_id": "a", "productId": "p"]] as [any Sendable]],
+                  status: 400, code: "unknown_field", field: "generate_offers[1].productId"),
+        FieldCase(name: "batch: an entry's unknown member before too many offers", path: "/v1/offers",
+                  fields: ["bundle_id": "com.example.app", "generate_offers": Array(repeating: ["offer_id": "a", "product_id": "p"], count: 50) + [["offer_id": "a", "productId": "p"]]],
+                  status: 400, code: "unknown_field", field: "generate_offers[50].productId"),
         FieldCase(name: "batch: offers not an array", path: "/v1/offers", fields: ["bundle_id": "com.example.app", "generate_offers": "a"], status: 400, code: "invalid_field", field: "generate_offers"),
     ]
 
