@@ -57,12 +57,14 @@ final class SessionPool: @unchecked Sendable {
     private var idle: [UInt] = []
     private var counted = 0
     /// Leases out now, of every generation (``reset(moduleReinitialized:)``
-    /// does not forget them): one is counted from its grant until its
-    /// holder has given it back and any close of it has returned. A reset
-    /// closing idle sessions counts as one until its closes have returned.
+    /// does not forget them): one is counted from its grant (also one
+    /// handed to a waiter that has not woken yet) until its holder has
+    /// given it back and any close of it has returned. A reset closing idle
+    /// sessions counts as one until its closes have returned.
     private var outstanding = 0
     /// Leases out that ``quarantine(_:)`` wrote off (their call outlived its
-    /// time and may never return), until their holder gives them back.
+    /// time and may never return), until they stop counting in
+    /// `outstanding` (given back, and any close of them returned).
     private var writtenOff = 0
     /// Set by ``freezeIfIdle()`` for a module reinitialization: no lease is
     /// granted until ``unfreeze()``.
@@ -135,11 +137,8 @@ final class SessionPool: @unchecked Sendable {
     /// - Throws: ``HSMError/Code/sessionUnavailable`` on timeout; the
     ///   `C_OpenSession` failure when opening one fails.
     func checkout(deadline: UInt64) throws(HSMError) -> SessionLease {
-        let next: Grant? = lock.withLock {
-            let grant = waitForGrant(deadline: deadline)
-            if grant != nil { outstanding += 1 }
-            return grant
-        }
+        // A grant is counted in `outstanding` by whoever makes it.
+        let next: Grant? = lock.withLock { waitForGrant(deadline: deadline) }
         switch next {
         case .retry?:
             preconditionFailure("a retry grant is consumed inside the loop")
@@ -174,10 +173,12 @@ final class SessionPool: @unchecked Sendable {
             // of it may be used (the token is down meanwhile, so this is short).
             if frozen { return nil }
             if let handle = idle.popLast() {
+                outstanding += 1
                 return .reuse(handle, generation, epoch)
             }
             if counted < capacity {
                 counted += 1
+                outstanding += 1
                 return .openNew(generation, epoch, slot)
             }
             let waiter = Waiter()
@@ -212,15 +213,17 @@ final class SessionPool: @unchecked Sendable {
         let closeIt: Bool = lock.withLock {
             returnedAt = MonotonicClock.now()
             lease.returned.store(true, ordering: .relaxed)
-            if lease.quarantined.load(ordering: .relaxed) { writtenOff -= 1 }
-            let stale = lease.quarantined.load(ordering: .relaxed) || lease.generation != generation
+            let quarantined = lease.quarantined.load(ordering: .relaxed)
+            let stale = quarantined || lease.generation != generation
             if stale && lease.epoch == epoch { return true }
-            // Nothing to close: the lease ends here, in the same lock round trip.
-            outstanding -= 1
-            guard !stale else { return false }
-            if waiters.isEmpty {
+            if stale {
+                // Nothing to close: the lease ends here, in the same lock round trip.
+                endLease(writtenOff: quarantined)
+            } else if waiters.isEmpty {
+                endLease(writtenOff: false)
                 idle.append(lease.handle)
             } else {
+                // The lease changes hands and stays counted.
                 let waiter = waiters.removeFirst()
                 waiter.grant = .reuse(lease.handle, generation, epoch)
                 lock.signal(waiter.condition)
@@ -229,7 +232,13 @@ final class SessionPool: @unchecked Sendable {
         }
         guard closeIt else { return }
         close(lease.handle)
-        lock.withLock { outstanding -= 1 }
+        lock.withLock { endLease(writtenOff: lease.quarantined.load(ordering: .relaxed)) }
+    }
+
+    /// A lease stops counting (lock held): given back, and any close of it returned.
+    private func endLease(writtenOff wasWrittenOff: Bool) {
+        outstanding -= 1
+        if wasWrittenOff { writtenOff -= 1 }
     }
 
     /// Closes a broken session and frees its place for a new one.
@@ -237,7 +246,6 @@ final class SessionPool: @unchecked Sendable {
         let sameEpoch: Bool = lock.withLock {
             returnedAt = MonotonicClock.now()
             lease.returned.store(true, ordering: .relaxed)
-            if lease.quarantined.load(ordering: .relaxed) { writtenOff -= 1 }
             if !lease.quarantined.load(ordering: .relaxed) && lease.generation == generation {
                 counted -= 1
                 handOverFreedPlace()
@@ -245,7 +253,7 @@ final class SessionPool: @unchecked Sendable {
             return lease.epoch == epoch
         }
         if sameEpoch { close(lease.handle) }
-        lock.withLock { outstanding -= 1 }
+        lock.withLock { endLease(writtenOff: lease.quarantined.load(ordering: .relaxed)) }
     }
 
     /// Writes off a session whose call is still running (a hung `C_Sign`):
@@ -273,6 +281,7 @@ final class SessionPool: @unchecked Sendable {
         guard counted < capacity, !waiters.isEmpty else { return }
         let waiter = waiters.removeFirst()
         counted += 1
+        outstanding += 1
         waiter.grant = .openNew(generation, epoch, slot)
         lock.signal(waiter.condition)
     }

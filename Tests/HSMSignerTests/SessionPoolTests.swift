@@ -136,4 +136,53 @@ struct SessionPoolTests {
         pool.checkin(after)
         #expect(pool.leasesOut == 0)
     }
+
+    /// A lease handed to a waiting thread was counted only once that thread
+    /// woke, so recovery could freeze the pool in between and the waiter
+    /// then used an old session number across the module's
+    /// reinitialization. A review found it.
+    @Test("a session handed to a waiter counts as out before the waiter wakes: freezeIfIdle refuses", arguments: ["checkin", "discard"])
+    func handedOverLeaseCounts(giveBack: String) throws {
+        let ledger = SessionLedger()
+        let pool = ledger.pool(capacity: 1)
+        let first = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        let waiterLease = Mutex<SessionLease?>(nil)
+        let waiter = Thread { waiterLease.withLock { $0 = try? pool.checkout(deadline: MonotonicClock.deadline(after: 5)) } }
+        waiter.start()
+        let deadline = MonotonicClock.deadline(after: 2)
+        while pool.usage.waiting == 0 && MonotonicClock.now() < deadline { usleep(1_000) }
+        try #require(pool.usage.waiting == 1)
+        // checkin hands the session itself over; discard hands over its place.
+        if giveBack == "checkin" { pool.checkin(first) } else { pool.discard(first) }
+        #expect(!pool.freezeIfIdle(), "the waiter's lease is out, woken or not")
+        while waiterLease.withLock({ $0 }) == nil && MonotonicClock.now() < deadline { usleep(1_000) }
+        let lease = try #require(waiterLease.withLock { $0 })
+        #expect(pool.leasesOut == 1)
+        pool.checkin(lease)
+        #expect(pool.leasesOut == 0)
+        #expect(pool.freezeIfIdle())
+    }
+
+    @Test("onlyWrittenOffLeasesOut: true while every lease out was quarantined, false once one is not, or none is out")
+    func writtenOffLeases() throws {
+        let ledger = SessionLedger()
+        let pool = ledger.pool(capacity: 2)
+        #expect(!pool.onlyWrittenOffLeasesOut, "nothing is out")
+        let hung = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        let other = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        #expect(pool.quarantine(hung))
+        #expect(!pool.onlyWrittenOffLeasesOut, "another lease is out and may come back")
+        pool.checkin(other)
+        #expect(pool.onlyWrittenOffLeasesOut)
+        // A new lease out that was not written off may come back: worth waiting for.
+        let again = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        #expect(!pool.onlyWrittenOffLeasesOut)
+        pool.discard(again)
+        #expect(pool.onlyWrittenOffLeasesOut)
+        pool.checkin(hung)  // the hung call returned: closed, and no longer out
+        #expect(ledger.closed.withLock { $0 }.contains(hung.handle))
+        #expect(!pool.onlyWrittenOffLeasesOut)
+        #expect(pool.leasesOut == 0)
+        #expect(pool.freezeIfIdle())
+    }
 }
