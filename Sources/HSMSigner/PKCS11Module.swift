@@ -18,6 +18,7 @@ package enum PKCS11Function: String, Sendable, CaseIterable {
     case getTokenInfo = "C_GetTokenInfo"
     case openSession = "C_OpenSession"
     case closeSession = "C_CloseSession"
+    case getSessionInfo = "C_GetSessionInfo"
     case login = "C_Login"
     case createObject = "C_CreateObject"
     case destroyObject = "C_DestroyObject"
@@ -367,6 +368,20 @@ struct PKCS11Functions: @unchecked Sendable {
         }
     }
 
+    /// `C_GetSessionInfo`: whether a session is open in the module, and on
+    /// which slot (what the module holds, whatever the pool believes).
+    /// - Returns: `.ok` and the session's slot ID; the failure
+    ///   (`CKR_SESSION_HANDLE_INVALID` for a number that is no open
+    ///   session) and nil.
+    func sessionSlot(_ session: UInt) -> (PKCS11ReturnValue, UInt?) {
+        gated((.cryptokiNotInitialized, nil)) {
+            if let rv = intercepted(.getSessionInfo, session) { return (rv, nil) }
+            var info = CK_SESSION_INFO()
+            let rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetSessionInfo(CK_SESSION_HANDLE(session), &info))
+            return rv == .ok ? (rv, UInt(info.slotID)) : (rv, nil)
+        }
+    }
+
     /// `C_Finalize` then `C_Initialize` on the module (``PKCS11Module/reinitialize()``),
     /// through the seam as `C_Finalize`.
     func reinitializeModule() -> PKCS11ReturnValue {
@@ -554,14 +569,15 @@ struct PKCS11Functions: @unchecked Sendable {
             guard let length else { return (sized, nil) }
             // A module's length is not trusted to size an allocation.
             guard length <= PKCS11Functions.longestAttribute else { return (.generalError, nil) }
-            var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: nil, ulValueLen: length)
             var value = [UInt8](repeating: 0, count: Int(length))
-            let rv = value.withUnsafeMutableBytes { buffer in
-                query.pValue = buffer.baseAddress
-                return PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
+            // The template points into `value` only inside the closure.
+            let (rv, written) = value.withUnsafeMutableBytes { buffer -> (PKCS11ReturnValue, CK_ULONG) in
+                var query = CK_ATTRIBUTE(type: CK_ATTRIBUTE_TYPE(type), pValue: buffer.baseAddress, ulValueLen: length)
+                let rv = PKCS11ReturnValue(rawValue: list.pointee.C_GetAttributeValue(CK_SESSION_HANDLE(session), CK_OBJECT_HANDLE(object), &query, 1))
+                return (rv, query.ulValueLen)
             }
             guard rv == .ok else { return (rv, nil) }
-            return (rv, Array(value.prefix(Int(clamping: query.ulValueLen))))
+            return (rv, Array(value.prefix(Int(clamping: written))))
         }
     }
 
