@@ -1064,6 +1064,10 @@ public final class HSMToken: @unchecked Sendable {
 
     /// The recovery loop: reinitialize the module, find the token, log in,
     /// look the keys up again; back off (doubling, jittered, bounded) between tries.
+    /// The module is reinitialized only while no lease is out; after a
+    /// device or module failure, the first attempt waits up to
+    /// ``leaseWaitSeconds`` for the leases out to come back (not for
+    /// written-off ones), and otherwise the attempt only replaces the sessions.
     private func recover() {
         var backoff = options.recoveryInitialBackoff
         var attempt = 0

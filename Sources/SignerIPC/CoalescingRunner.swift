@@ -38,6 +38,7 @@ public final class CoalescingRunner: @unchecked Sendable {
     private var stopping = false
     private let work: @Sendable () -> Void
 
+    /// Makes a runner; nothing runs until ``request()``.
     /// - Parameter work: one run of the work (for a reload: read the file,
     ///   apply it, report). Runs on the runner's thread, never two at once.
     public init(_ work: @escaping @Sendable () -> Void) {

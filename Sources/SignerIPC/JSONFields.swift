@@ -546,7 +546,8 @@ public struct FieldReader {
         let unknown = members.keys.filter { !consumed.contains($0) }.sorted()
         if let first = unknown.first {
             let expected = Set(consumed).sorted().joined(separator: ", ")
-            throw APIError(.unknownField, "\(path)\(first) is not a field of this request (fields are: \(expected)); check the spelling (snake_case)", field: path + first)
+            let owner = path.isEmpty ? "this request" : String(path.dropLast())
+            throw APIError(.unknownField, "\(path)\(first) is not a field of \(owner) (fields are: \(expected)); check the spelling (snake_case)", field: path + first)
         }
     }
 }
