@@ -185,4 +185,27 @@ struct SessionPoolTests {
         #expect(pool.leasesOut == 0)
         #expect(pool.freezeIfIdle())
     }
+
+    /// Recovery stops waiting for leases once only written-off ones are out;
+    /// a written-off session whose C_CloseSession hangs on a dead device
+    /// stopped counting as written off before its close had returned, and
+    /// kept the wait going (a review found it).
+    @Test("a written-off lease stays written off while its close hangs")
+    func writtenOffWhileClosing() throws {
+        let closing = DispatchSemaphore(value: 0)
+        let release = DispatchSemaphore(value: 0)
+        let next = Atomic<UInt>(1)
+        let pool = SessionPool(capacity: 1, slot: 0, open: { _ in (.ok, next.add(1, ordering: .relaxed).oldValue) },
+                               close: { _ in closing.signal(); release.wait() })
+        let hung = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        #expect(pool.quarantine(hung))
+        let returned = DispatchSemaphore(value: 0)
+        Thread { pool.checkin(hung); returned.signal() }.start()  // the call returned; its close hangs
+        #expect(closing.wait(timeout: .now() + 5) == .success)
+        #expect(pool.leasesOut == 1, "out until its close returns")
+        #expect(pool.onlyWrittenOffLeasesOut, "still the written-off lease alone")
+        release.signal()
+        #expect(returned.wait(timeout: .now() + 5) == .success)
+        #expect(pool.leasesOut == 0 && !pool.onlyWrittenOffLeasesOut)
+    }
 }
