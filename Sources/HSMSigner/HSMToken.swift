@@ -465,16 +465,19 @@ public final class HSMToken: @unchecked Sendable {
     // MARK: Keys
 
     /// The cached handle and public key of `keyID`, looked up on first use.
-    func cachedKey(_ keyID: String) throws(HSMError) -> CachedKey {
+    /// - Parameter leavingGeneralError: a look-up's `CKR_GENERAL_ERROR` is
+    ///   thrown without marking the token down, for a caller that waits for
+    ///   a key being replaced before it believes that (``sign(digest:keyID:)``).
+    func cachedKey(_ keyID: String, leavingGeneralError: Bool = false) throws(HSMError) -> CachedKey {
         let (cached, epoch) = state.withLock { ($0.keys[keyID], $0.keysEpoch) }
         if let cached { return cached }
-        return try lookUpAndCache(keyID, epoch: epoch)
+        return try lookUpAndCache(keyID, epoch: epoch, leavingGeneralError: leavingGeneralError)
     }
 
     /// Looks `keyID`'s objects up on a pooled session and caches them,
     /// unless cached keys were dropped since `epoch` or the token is down.
-    private func lookUpAndCache(_ keyID: String, epoch: UInt64) throws(HSMError) -> CachedKey {
-        let found = try withSession { (session) throws(HSMError) -> CachedKey in
+    private func lookUpAndCache(_ keyID: String, epoch: UInt64, leavingGeneralError: Bool) throws(HSMError) -> CachedKey {
+        let found = try withSession(leavingGeneralError: leavingGeneralError) { (session) throws(HSMError) -> CachedKey in
             try lookUpKey(keyID, session: session)
         }
         let fingerprint = found.publicKey?.fingerprint
@@ -546,7 +549,7 @@ public final class HSMToken: @unchecked Sendable {
             }
             if wasWhole == nil { wasWhole = cached?.publicKey != nil }
             do {
-                return try Self.publicKey(of: lookUpAndCache(keyID, epoch: epoch), keyID: keyID)
+                return try Self.publicKey(of: lookUpAndCache(keyID, epoch: epoch, leavingGeneralError: false), keyID: keyID)
             } catch {
                 // A key read whole before, now missing, doubled or without
                 // its public key object: most likely another process is
@@ -577,8 +580,10 @@ public final class HSMToken: @unchecked Sendable {
 
     /// Runs `body` with a pooled session, retrying once on a fresh session
     /// when the session itself failed. The session goes back to the pool
-    /// unless `body` reported a session failure.
-    func withSession<R>(_ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
+    /// unless `body` reported a session failure. A token failure marks the
+    /// token down, except `CKR_GENERAL_ERROR` with `leavingGeneralError`
+    /// (the caller decides: a key being replaced can cause it).
+    func withSession<R>(leavingGeneralError: Bool = false, _ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
         try checkUp()
         var attempt = 0
         while true {
@@ -594,7 +599,7 @@ public final class HSMToken: @unchecked Sendable {
                     if attempt < 3 { continue }
                 } else if let rv = error.returnValue, PKCS11ReturnValue.tokenFailures.contains(rv) {
                     pool.discard(lease)
-                    markDown(reason: rv.name)
+                    if !(leavingGeneralError && rv == .generalError) { markDown(reason: rv.name) }
                 } else if error.returnValue == .userNotLoggedIn, attempt < 3 {
                     pool.checkin(lease)
                     try login(afterGeneration: state.withLock { $0.loginGeneration })
@@ -778,14 +783,23 @@ public final class HSMToken: @unchecked Sendable {
             let generation = state.withLock { $0.loginGeneration }
             let key: CachedKey
             do {
-                key = try cachedKey(keyID)
+                key = try cachedKey(keyID, leavingGeneralError: true)
             } catch {
                 var error = error
                 error.keyID = keyID
                 let known = state.withLock { $0.knownKeys.contains(keyID) && ($0.expectedKeys?.contains(keyID) ?? true) }
                 let vanished = error.code == .keyNotFound && (keyRetried || known)
+                // SoftHSM answers CKR_GENERAL_ERROR when an object vanishes
+                // while it reads the object's attributes (another process's
+                // `keys import --replace` destroying the old key).
+                let generalError = error.returnValue == .generalError
                 // Gone, or caught mid-replacement by another process: wait for it.
-                if (vanished || Self.keyInFlux(error)) && settle() { continue }
+                if (vanished || generalError || Self.keyInFlux(error)) && settle() { continue }
+                if generalError {
+                    // It outlasted a replacement: the module itself failed.
+                    markDown(reason: PKCS11ReturnValue.generalError.name)
+                    throw unavailable(reason: PKCS11ReturnValue.generalError.name, underlying: error)
+                }
                 if vanished {
                     // The key signed here before and is gone now that its handle
                     // went stale: the token's storage itself may have gone (a
@@ -844,6 +858,12 @@ public final class HSMToken: @unchecked Sendable {
                 staleKeyFailure = failure
                 forgetKey(keyID)
             case _ where staleHandle && settle():
+                staleKeyFailure = failure
+            case .generalError where function == .signInit && settle():
+                // SoftHSM's C_SignInit reads the private key's value, and
+                // answers CKR_GENERAL_ERROR when another process destroys
+                // the object meanwhile (a replacement). The session was
+                // replaced; look the key up again before believing it.
                 staleKeyFailure = failure
             case .userNotLoggedIn where !reloggedIn:
                 reloggedIn = true

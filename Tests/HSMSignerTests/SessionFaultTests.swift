@@ -99,6 +99,31 @@ struct SessionFaultTests {
         #expect(setup.faults.calls(.findObjectsInit) == after)
     }
 
+    /// SoftHSM answers CKR_GENERAL_ERROR when another process's `keys
+    /// import --replace` destroys the key's objects while it reads them
+    /// (at a look-up, or in C_SignInit, which reads the private value). The
+    /// replacement test under load saw a token_down for one such answer.
+    @Test("CKR_GENERAL_ERROR at the key's look-up or at C_SignInit: once, the key is looked up again, the signature made and the token stays up; when it outlasts a replacement, the token is marked down",
+          arguments: [PKCS11Function.getAttributeValue, .signInit], [false, true])
+    func generalErrorWhileKeyReplaced(_ function: PKCS11Function, persisting: Bool) throws {
+        let setup = try Self.setUp("gen-\(function == .signInit ? "init" : "attr")-\(persisting ? "down" : "once")")
+        defer { setup.hsm.close() }
+        #expect(try Self.signAndVerify(setup))
+        setup.hsm.forgetKey(setup.keyID)  // the next signature looks the key up
+        let searches = setup.faults.calls(.findObjectsInit)
+        setup.faults.inject(function, .generalError, count: persisting ? nil : 1)
+        if persisting {
+            let error = #expect(throws: HSMError.self) { try Self.signAndVerify(setup) }
+            #expect(error?.returnValue == .generalError)
+            #expect(setup.hsm.status == .down(reason: "CKR_GENERAL_ERROR"))
+            setup.faults.clear()
+        } else {
+            #expect(try Self.signAndVerify(setup))
+            #expect(setup.hsm.status == .up)
+            #expect(setup.faults.calls(.findObjectsInit) >= searches + 2, "looked up again after the failure")
+        }
+    }
+
     @Test("CKR_PIN_INCORRECT at open: exactly one C_Login and a named error")
     func pinIncorrectAtOpen() throws {
         let token = try SoftHSMFixture.shared.makeToken("pin-open")
