@@ -859,11 +859,12 @@ public final class HSMToken: @unchecked Sendable {
                 forgetKey(keyID)
             case _ where staleHandle && settle():
                 staleKeyFailure = failure
-            case .generalError where function == .signInit && settle():
+            case .generalError where settle():
                 // SoftHSM's C_SignInit reads the private key's value, and
-                // answers CKR_GENERAL_ERROR when another process destroys
-                // the object meanwhile (a replacement). The session was
-                // replaced; look the key up again before believing it.
+                // it and C_Sign answer CKR_GENERAL_ERROR when another process
+                // destroys the key's objects meanwhile (a replacement). The
+                // session was replaced; look the key up again and sign anew
+                // before believing it.
                 staleKeyFailure = failure
             case .userNotLoggedIn where !reloggedIn:
                 reloggedIn = true

@@ -101,12 +101,13 @@ struct SessionFaultTests {
 
     /// SoftHSM answers CKR_GENERAL_ERROR when another process's `keys
     /// import --replace` destroys the key's objects while it reads them
-    /// (at a look-up, or in C_SignInit, which reads the private value). The
-    /// replacement test under load saw a token_down for one such answer.
-    @Test("CKR_GENERAL_ERROR at the key's look-up or at C_SignInit: once, the key is looked up again, the signature made and the token stays up; when it outlasts a replacement, the token is marked down",
-          arguments: [PKCS11Function.getAttributeValue, .signInit], [false, true])
+    /// (at a look-up, in C_SignInit, which reads the private value, and in
+    /// C_Sign). The replacement test under load saw a token_down for one
+    /// such answer from C_Sign.
+    @Test("CKR_GENERAL_ERROR at the key's look-up, C_SignInit or C_Sign: once, the key is looked up again, the signature made and the token stays up; when it outlasts a replacement, the token is marked down",
+          arguments: [PKCS11Function.getAttributeValue, .signInit, .sign], [false, true])
     func generalErrorWhileKeyReplaced(_ function: PKCS11Function, persisting: Bool) throws {
-        let setup = try Self.setUp("gen-\(function == .signInit ? "init" : "attr")-\(persisting ? "down" : "once")")
+        let setup = try Self.setUp("gen-\(function == .getAttributeValue ? "attr" : function == .signInit ? "init" : "sign")-\(persisting ? "down" : "once")")
         defer { setup.hsm.close() }
         #expect(try Self.signAndVerify(setup))
         setup.hsm.forgetKey(setup.keyID)  // the next signature looks the key up
