@@ -405,8 +405,13 @@ public struct FieldReader {
         self.init(checked: members, path: path)
     }
 
-    /// A reader over members already checked against the allowed names.
-    private init(checked members: [String: JSONValue], path: String) {
+    /// A reader over members already checked against the allowed names
+    /// (by this type's other initializers, or by
+    /// ``refuseUnknownInEntries(of:allowed:)`` for an array's entries).
+    /// - Parameters:
+    ///   - members: the object's members.
+    ///   - path: the prefix for field names in errors (`generate_offers[2].`).
+    init(checked members: [String: JSONValue], path: String) {
         self.members = members
         self.path = path
         consumed.reserveCapacity(8)  // one allocation for the requests' field counts
@@ -415,9 +420,15 @@ public struct FieldReader {
     /// `unknown_field` naming the first of `names` (sorted) not in `allowed`.
     private static func refuseUnknown(_ names: [String], path: String, allowed: Set<String>) throws(APIError) {
         if let first = names.filter({ !allowed.contains($0) }).sorted().first {
-            let owner = path.isEmpty ? "this request" : String(path.dropLast())
-            throw APIError(.unknownField, "\(path)\(first) is not a field of \(owner) (fields are: \(allowed.sorted().joined(separator: ", "))); check the spelling (snake_case)", field: path + first)
+            throw unknownField(first, path: path, fields: allowed.sorted())
         }
+    }
+
+    /// `unknown_field` for member `name` of the object at `path`, listing
+    /// the `fields` it may carry.
+    private static func unknownField(_ name: String, path: String, fields: [String]) -> APIError {
+        let owner = path.isEmpty ? "this request" : String(path.dropLast())
+        return APIError(.unknownField, "\(path)\(name) is not a field of \(owner) (fields are: \(fields.joined(separator: ", "))); check the spelling (snake_case)", field: path + name)
     }
 
     /// Refuses unknown members in the objects of the array member `name`,
@@ -545,9 +556,7 @@ public struct FieldReader {
     public func finish() throws(APIError) {
         let unknown = members.keys.filter { !consumed.contains($0) }.sorted()
         if let first = unknown.first {
-            let expected = Set(consumed).sorted().joined(separator: ", ")
-            let owner = path.isEmpty ? "this request" : String(path.dropLast())
-            throw APIError(.unknownField, "\(path)\(first) is not a field of \(owner) (fields are: \(expected)); check the spelling (snake_case)", field: path + first)
+            throw Self.unknownField(first, path: path, fields: Set(consumed).sorted())
         }
     }
 }

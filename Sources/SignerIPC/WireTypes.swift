@@ -174,22 +174,19 @@ public struct OffersRequest: Codable, Sendable, Equatable {
             guard case .object(let members) = entry else {
                 throw APIError(.invalidField, "generate_offers[\(index)] must be an object with offer_id and product_id", field: "generate_offers[\(index)]")
             }
-            let path = "generate_offers[\(index)]."
-            offers.append(Self.offer(try FieldReader(members: members, path: path, allowed: Self.offerFields), members, path: path))
+            offers.append(Self.offer(members, path: "generate_offers[\(index)]."))
         }
         generateOffers = offers
     }
 
-    /// One entry of `generate_offers`, or what is wrong with its values.
-    /// - Parameters:
-    ///   - reader: a reader over `members`, whose names are already checked.
-    ///   - members: the entry's members, for echoing what was sent.
-    ///   - path: `generate_offers[i].`, for messages.
-    private static func offer(_ reader: FieldReader, _ members: [String: JSONValue], path: String) -> Offer {
+    /// One entry of `generate_offers`, whose member names
+    /// ``FieldReader/refuseUnknownInEntries(of:allowed:)`` already checked,
+    /// or what is wrong with its values.
+    private static func offer(_ members: [String: JSONValue], path: String) -> Offer {
         // `subscription_group` is ignored whatever its type (the contract); a string is kept.
         var group: String?
         if case .string(let value)? = members["subscription_group"] { group = value }
-        var reader = reader
+        var reader = FieldReader(checked: members, path: path)
         do throws(APIError) {
             let offerID = try reader.string("offer_id")
             let productID = try reader.string("product_id")
