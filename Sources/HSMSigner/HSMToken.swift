@@ -465,19 +465,20 @@ public final class HSMToken: @unchecked Sendable {
     // MARK: Keys
 
     /// The cached handle and public key of `keyID`, looked up on first use.
-    /// - Parameter leavingGeneralError: a look-up's `CKR_GENERAL_ERROR` is
-    ///   thrown without marking the token down, for a caller that waits for
-    ///   a key being replaced before it believes that (``sign(digest:keyID:)``).
-    func cachedKey(_ keyID: String, leavingGeneralError: Bool = false) throws(HSMError) -> CachedKey {
+    /// - Parameter settlingKeyInFlux: a look-up failure that ``keyInFlux(_:)``
+    ///   counts as a replacement in progress is thrown without marking the
+    ///   token down; the caller waits for the key, then escalates with
+    ///   ``outlastedReplacement(_:)``.
+    func cachedKey(_ keyID: String, settlingKeyInFlux: Bool = false) throws(HSMError) -> CachedKey {
         let (cached, epoch) = state.withLock { ($0.keys[keyID], $0.keysEpoch) }
         if let cached { return cached }
-        return try lookUpAndCache(keyID, epoch: epoch, leavingGeneralError: leavingGeneralError)
+        return try lookUpAndCache(keyID, epoch: epoch, settlingKeyInFlux: settlingKeyInFlux)
     }
 
     /// Looks `keyID`'s objects up on a pooled session and caches them,
     /// unless cached keys were dropped since `epoch` or the token is down.
-    private func lookUpAndCache(_ keyID: String, epoch: UInt64, leavingGeneralError: Bool) throws(HSMError) -> CachedKey {
-        let found = try withSession(leavingGeneralError: leavingGeneralError) { (session) throws(HSMError) -> CachedKey in
+    private func lookUpAndCache(_ keyID: String, epoch: UInt64, settlingKeyInFlux: Bool) throws(HSMError) -> CachedKey {
+        let found = try withSession(settlingKeyInFlux: settlingKeyInFlux) { (session) throws(HSMError) -> CachedKey in
             try lookUpKey(keyID, session: session)
         }
         let fingerprint = found.publicKey?.fingerprint
@@ -549,17 +550,19 @@ public final class HSMToken: @unchecked Sendable {
             }
             if wasWhole == nil { wasWhole = cached?.publicKey != nil }
             do {
-                return try Self.publicKey(of: lookUpAndCache(keyID, epoch: epoch, leavingGeneralError: false), keyID: keyID)
+                return try Self.publicKey(of: lookUpAndCache(keyID, epoch: epoch, settlingKeyInFlux: true), keyID: keyID)
             } catch {
                 // A key read whole before, now missing, doubled or without
                 // its public key object: most likely another process is
                 // replacing it (`keys import --replace`). Wait for it as
                 // sign(digest:keyID:) does; if it stays broken, forget it,
                 // so that the next listing does not wait again.
-                guard error.code == .keyNotFound || Self.keyInFlux(error), wasWhole == true else { throw error }
+                guard error.code == .keyNotFound || Self.keyInFlux(error), wasWhole == true else {
+                    throw outlastedReplacement(error)
+                }
                 guard settled < Self.keySettleMicroseconds.count else {
                     forgetKey(keyID)
-                    throw error
+                    throw outlastedReplacement(error)
                 }
                 usleep(Self.keySettleMicroseconds[settled])
                 settled += 1
@@ -581,9 +584,10 @@ public final class HSMToken: @unchecked Sendable {
     /// Runs `body` with a pooled session, retrying once on a fresh session
     /// when the session itself failed. The session goes back to the pool
     /// unless `body` reported a session failure. A token failure marks the
-    /// token down, except `CKR_GENERAL_ERROR` with `leavingGeneralError`
-    /// (the caller decides: a key being replaced can cause it).
-    func withSession<R>(leavingGeneralError: Bool = false, _ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
+    /// token down, except one that ``keyInFlux(_:)`` counts as a key
+    /// replacement in progress when `settlingKeyInFlux` is true: that
+    /// caller waits for the key and escalates with ``outlastedReplacement(_:)``.
+    func withSession<R>(settlingKeyInFlux: Bool = false, _ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
         try checkUp()
         var attempt = 0
         while true {
@@ -599,7 +603,7 @@ public final class HSMToken: @unchecked Sendable {
                     if attempt < 3 { continue }
                 } else if let rv = error.returnValue, PKCS11ReturnValue.tokenFailures.contains(rv) {
                     pool.discard(lease)
-                    if !(leavingGeneralError && rv == .generalError) { markDown(reason: rv.name) }
+                    if !(settlingKeyInFlux && Self.keyInFlux(error)) { markDown(reason: rv.name) }
                 } else if error.returnValue == .userNotLoggedIn, attempt < 3 {
                     pool.checkin(lease)
                     try login(afterGeneration: state.withLock { $0.loginGeneration })
@@ -783,23 +787,14 @@ public final class HSMToken: @unchecked Sendable {
             let generation = state.withLock { $0.loginGeneration }
             let key: CachedKey
             do {
-                key = try cachedKey(keyID, leavingGeneralError: true)
+                key = try cachedKey(keyID, settlingKeyInFlux: true)
             } catch {
                 var error = error
                 error.keyID = keyID
                 let known = state.withLock { $0.knownKeys.contains(keyID) && ($0.expectedKeys?.contains(keyID) ?? true) }
                 let vanished = error.code == .keyNotFound && (keyRetried || known)
-                // SoftHSM answers CKR_GENERAL_ERROR when an object vanishes
-                // while it reads the object's attributes (another process's
-                // `keys import --replace` destroying the old key).
-                let generalError = error.returnValue == .generalError
                 // Gone, or caught mid-replacement by another process: wait for it.
-                if (vanished || generalError || Self.keyInFlux(error)) && settle() { continue }
-                if generalError {
-                    // It outlasted a replacement: the module itself failed.
-                    markDown(reason: PKCS11ReturnValue.generalError.name)
-                    throw unavailable(reason: PKCS11ReturnValue.generalError.name, underlying: error)
-                }
+                if (vanished || Self.keyInFlux(error)) && settle() { continue }
                 if vanished {
                     // The key signed here before and is gone now that its handle
                     // went stale: the token's storage itself may have gone (a
@@ -808,7 +803,7 @@ public final class HSMToken: @unchecked Sendable {
                     markDown(reason: "key_vanished", reinitialize: true, cause: staleKeyFailure?.returnValue)
                     throw unavailable(reason: "key \(keyID) vanished from the token", underlying: staleKeyFailure ?? error)
                 }
-                throw error
+                throw outlastedReplacement(error)
             }
             let waitStart = MonotonicClock.now()
             let lease = try checkout()
@@ -857,14 +852,9 @@ public final class HSMToken: @unchecked Sendable {
                 keyRetried = true
                 staleKeyFailure = failure
                 forgetKey(keyID)
-            case _ where staleHandle && settle():
-                staleKeyFailure = failure
-            case .generalError where settle():
-                // SoftHSM's C_SignInit reads the private key's value, and
-                // it and C_Sign answer CKR_GENERAL_ERROR when another process
-                // destroys the key's objects meanwhile (a replacement). The
-                // session was replaced; look the key up again and sign anew
-                // before believing it.
+            case _ where Self.keyInFlux(rv, at: function) && settle():
+                // Caught mid-replacement by another process; look the key
+                // up again and sign anew before believing it.
                 staleKeyFailure = failure
             case .userNotLoggedIn where !reloggedIn:
                 reloggedIn = true
@@ -913,19 +903,51 @@ public final class HSMToken: @unchecked Sendable {
     /// 1 s with recovery's default backoff).
     static let reinitializationsBeforeDeleted = 4
 
-    /// Whether a look-up met what another process replacing the key leaves
-    /// for a moment: two objects where the key has one (`key_invalid`), or
-    /// an object destroyed or half-written when its attributes were read.
+    /// Whether a failure is what another process replacing the key
+    /// (`keys import --replace` creates the new objects, then destroys the
+    /// old ones) leaves for a moment: two objects where the key has one
+    /// (`key_invalid`), or a return value ``keyInFlux(_:at:)`` counts.
+    /// Callers wait ``keySettleMicroseconds`` for such a failure before
+    /// they believe it, then escalate with ``outlastedReplacement(_:)``.
     static func keyInFlux(_ error: HSMError) -> Bool {
-        error.code == .keyInvalid || (error.returnValue.map { keyInFluxFailures.contains($0) } ?? false)
+        guard error.code != .keyInvalid else { return true }
+        guard let rv = error.returnValue else { return false }
+        return keyInFlux(rv, at: error.function.flatMap(PKCS11Function.init(rawValue:)))
+    }
+
+    /// Whether `rv` from `function` is what a key's objects answer while
+    /// another process replaces them: ``keyInFluxFailures`` from any call,
+    /// or `CKR_GENERAL_ERROR` from a call that reads the key's objects
+    /// (SoftHSM answers it when an object is destroyed while it reads the
+    /// object: `getECPrivateKey` under `C_SignInit`, attribute reads under
+    /// `C_GetAttributeValue` and the search).
+    static func keyInFlux(_ rv: PKCS11ReturnValue, at function: PKCS11Function?) -> Bool {
+        keyInFluxFailures.contains(rv) || (rv == .generalError && function.map(keyReadingFunctions.contains) == true)
     }
 
     /// What a key's objects answer while another process replaces them:
     /// stale handles, a handle that now names another object, attributes
-    /// of an object being written or removed.
+    /// of an object being written or removed. From `C_SignInit` the
+    /// session stays clean, so it is checked in rather than discarded.
     static let keyInFluxFailures: Set<PKCS11ReturnValue> = PKCS11ReturnValue.objectFailures.union([
         .keyFunctionNotPermitted, .keyTypeInconsistent, .attributeValueInvalid, .attributeTypeInvalid,
     ])
+
+    /// The calls that read a key's objects, where a replacement in another
+    /// process can surface as `CKR_GENERAL_ERROR`.
+    static let keyReadingFunctions: Set<PKCS11Function> = [
+        .findObjectsInit, .findObjects, .getAttributeValue, .signInit, .sign,
+    ]
+
+    /// A failure ``keyInFlux(_:)`` counted as a replacement, after the wait
+    /// for it ran out: a token failure (`CKR_GENERAL_ERROR`) is then the
+    /// module's own, so the token is marked down and the caller gets
+    /// `token_unavailable`; any other failure is returned as it is.
+    func outlastedReplacement(_ error: HSMError) -> HSMError {
+        guard Self.keyInFlux(error), let rv = error.returnValue, PKCS11ReturnValue.tokenFailures.contains(rv) else { return error }
+        markDown(reason: rv.name)
+        return unavailable(reason: rv.name, underlying: error)
+    }
 
     /// Signs a random digest with `keyID` and verifies it with the key's
     /// public key: the readiness check and the import self-test.

@@ -125,6 +125,29 @@ struct SessionFaultTests {
         }
     }
 
+    /// `GET /v1/keys` reads each key's objects again (``HSMToken/currentPublicKey(keyID:maxAge:)``)
+    /// and meets the same CKR_GENERAL_ERROR while another process replaces the key.
+    @Test("CKR_GENERAL_ERROR while a key's public key is read again for a listing: once, the key is returned and the token stays up; when it outlasts a replacement, token_unavailable and the token is marked down",
+          arguments: [false, true])
+    func generalErrorWhileKeyListed(persisting: Bool) throws {
+        let setup = try Self.setUp("gen-list-\(persisting ? "down" : "once")")
+        defer { setup.hsm.close() }
+        #expect(try setup.hsm.currentPublicKey(keyID: setup.keyID, maxAge: 0).uncompressedPoint == setup.publicKey.uncompressedPoint)
+        let searches = setup.faults.calls(.findObjectsInit)
+        setup.faults.inject(.getAttributeValue, .generalError, count: persisting ? nil : 1)
+        if persisting {
+            let error = #expect(throws: HSMError.self) { try setup.hsm.currentPublicKey(keyID: setup.keyID, maxAge: 0) }
+            #expect(error?.code == .tokenUnavailable)
+            #expect(error?.returnValue == .generalError)
+            #expect(setup.hsm.status == .down(reason: "CKR_GENERAL_ERROR"))
+            setup.faults.clear()
+        } else {
+            #expect(try setup.hsm.currentPublicKey(keyID: setup.keyID, maxAge: 0).uncompressedPoint == setup.publicKey.uncompressedPoint)
+            #expect(setup.hsm.status == .up)
+            #expect(setup.faults.calls(.findObjectsInit) >= searches + 2, "looked up again after the failure")
+        }
+    }
+
     @Test("CKR_PIN_INCORRECT at open: exactly one C_Login and a named error")
     func pinIncorrectAtOpen() throws {
         let token = try SoftHSMFixture.shared.makeToken("pin-open")
