@@ -69,8 +69,9 @@ public protocol HTTPHandler: Sendable {
     /// (403 for a peer not allowed, 404, 405, 413 by `Content-Length`, 415).
     ///
     /// `contentTypes` holds every `Content-Type` header's value, in order
-    /// (RFC 9110 §8.3 allows one).
-    func preflight(method: String, path: String, contentTypes: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse?
+    /// (RFC 9110 §8.3 allows one); `contentCodings` every
+    /// `Content-Encoding` header's value (RFC 9110 §8.4), in order.
+    func preflight(method: String, path: String, contentTypes: [String], contentCodings: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse?
     /// Handles a complete request on its connection's thread. When
     /// ``mayBlock(path:)`` says so it may block in PKCS#11, and the watchdog
     /// answers for it if it is still inside at the signing timeout.
@@ -632,6 +633,8 @@ public final class HTTPServer: @unchecked Sendable {
         guard connection.descriptor >= 0 else { return }
         let reason = MHD_get_reason_phrase_for(UInt32(response.status)).map { String(cString: $0) } ?? "Error"
         var head = "HTTP/1.1 \(response.status) \(reason)\r\n"
+        // libmicrohttpd adds Date to the answers it writes; RFC 9110 §6.6.1 wants it here too.
+        head += "Date: \(Self.httpDate())\r\n"
         head += "Content-Type: \(response.contentType)\r\n"
         for (name, value) in response.headers { head += "\(name): \(value)\r\n" }
         head += "Connection: close\r\nContent-Length: \(response.body.count)\r\n\r\n"
@@ -639,6 +642,23 @@ public final class HTTPServer: @unchecked Sendable {
         _ = UnixConnection.sendAll(Array(head.utf8) + response.body, on: connection.descriptor, blocking: false)
         shutdown(connection.descriptor, Int32(SHUT_RDWR))
     }
+
+    /// The time now as an HTTP date (RFC 9110 §5.6.7 IMF-fixdate:
+    /// `Sun, 06 Nov 1994 08:49:37 GMT`), for the `Date` header.
+    static func httpDate(_ seconds: time_t = time(nil)) -> String {
+        var seconds = seconds
+        var parts = tm()
+        var text = [CChar](repeating: 0, count: 64)
+        // Day and month names in English whatever the process's locale.
+        guard gmtime_r(&seconds, &parts) != nil, let posix = posixLocale,
+              strftime_l(&text, text.count, "%a, %d %b %Y %H:%M:%S GMT", &parts, posix) > 0 else {
+            return "Thu, 01 Jan 1970 00:00:00 GMT"
+        }
+        return String(cString: text)
+    }
+
+    /// The POSIX locale, for ``httpDate(_:)``; made once, never freed.
+    private nonisolated(unsafe) static let posixLocale: locale_t? = newlocale(1 << LC_TIME, "C", nil)
 
     // MARK: libmicrohttpd callbacks
 
@@ -726,6 +746,8 @@ public final class HTTPServer: @unchecked Sendable {
         var codings: [String] = []
         /// Every `Content-Type` value, in order.
         var contentTypes: [String] = []
+        /// Every `Content-Encoding` value, in order.
+        var contentCodings: [String] = []
         /// The header lines' size as sent in the usual form
         /// (`Name: value` CRLF each), in bytes.
         var bytes = 0
@@ -745,6 +767,8 @@ public final class HTTPServer: @unchecked Sendable {
                         scan.pointee.codings.append(value.map { String(cString: $0) } ?? "")
                     } else if strcasecmp(key, "Content-Type") == 0 {
                         scan.pointee.contentTypes.append(value.map { String(cString: $0) } ?? "")
+                    } else if strcasecmp(key, "Content-Encoding") == 0 {
+                        scan.pointee.contentCodings.append(value.map { String(cString: $0) } ?? "")
                     }
                     return .YES
                 }, pointer)
@@ -892,7 +916,8 @@ public final class HTTPServer: @unchecked Sendable {
             }
             let lengthHeader = MHD_lookup_connection_value(connection, .HEADER_KIND, "Content-Length").map { String(cString: $0) }
             let contentLength = lengthHeader.flatMap(HTTPServer.declaredLength)
-            if var early = server.handler.preflight(method: methodName, path: state.path, contentTypes: headers.contentTypes, contentLength: contentLength, peer: peer) {
+            if var early = server.handler.preflight(method: methodName, path: state.path, contentTypes: headers.contentTypes, contentCodings: headers.contentCodings,
+                                                          contentLength: contentLength, peer: peer) {
                 if HTTPServer.framingProblem(headers, method: methodName) != nil {
                     // Where the body ends is in doubt: answer now and close,
                     // or bytes the client sent as a body would be read as

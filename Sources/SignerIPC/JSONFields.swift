@@ -328,6 +328,16 @@ public struct FieldReader {
             case .notUTF8(let problem):
                 throw APIError(.invalidJSON, "the request body is not UTF-8 (\(problem)); send one JSON object encoded as UTF-8 (RFC 8259 §8.1)")
             case .notJSON(let reason):
+                // RFC 8259 §6 sets no range, but Foundation's parser refuses
+                // a number no Double holds: name the member that has it.
+                if let number = Self.numberBeyondDouble(in: body) {
+                    if let object = number.zeroedValue as? [String: Any] {
+                        try Self.refuseUnknown(Array(object.keys), path: "", allowed: allowed)
+                    }
+                    let place = number.path.isEmpty ? "the value" : number.path
+                    throw APIError(.invalidField, "\(place) is \(number.text), beyond any number signerd reads (a JSON number must fit a 64-bit double, at most about 1.8e308 in size; "
+                                   + "a number that is signed must be an integer from -9223372036854775808 to 9223372036854775807)", field: number.path.isEmpty ? nil : number.path)
+                }
                 throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259)\(reason.map { ": \($0)" } ?? ""); send one JSON object")
             }
         }
@@ -374,6 +384,32 @@ public struct FieldReader {
             return false
         }
         return repeated
+    }
+
+    /// The first number in `body` that no `Double` holds (`1e309`, an
+    /// integer of 309 digits), and where it sits as the API names fields
+    /// (`timestamp`, `request.items[0].price`), when such numbers are the
+    /// only reason Foundation's parser refuses `body`: the text with each
+    /// of them written as `0` parses. Read only after the parser refused
+    /// the body, to name the field; nil for any other refusal.
+    /// - Returns: the number as sent (shortened past 200 characters), its
+    ///   path, and the parsed text with those numbers written as `0` (so
+    ///   that unknown members are still named first).
+    static func numberBeyondDouble(in body: [UInt8]) -> (text: String, path: String, zeroedValue: Any)? {
+        var position = ScanPosition()
+        var found: [(range: Range<Int>, path: String)] = []
+        JSONText.scanMemberNames(in: body) { event, raw in
+            _ = position.follow(event, raw)
+            if case .number = event, Double(String(decoding: raw, as: UTF8.self))?.isFinite != true {
+                found.append((raw.startIndex..<raw.endIndex, position.valuePath))
+            }
+            return true
+        }
+        guard let first = found.first else { return nil }
+        var zeroed = body
+        for number in found.reversed() { zeroed.replaceSubrange(number.range, with: [UInt8(ascii: "0")]) }
+        guard let parsed = try? JSONText.parse(zeroed, fragmentsAllowed: true) else { return nil }
+        return (JSONText.shortened(String(decoding: body[first.range], as: UTF8.self)), first.path, parsed.value)
     }
 
     /// Where the numbers written with a fraction or an exponent sit in `body`.
@@ -644,14 +680,23 @@ struct ScanPosition {
     /// The path of member `name` of the innermost object as the API names
     /// fields (`generate_offers[0].offer_id`; the bare name at the top).
     func path(to name: String) -> String {
+        let path = Self.path(of: frames.dropLast())
+        return path.isEmpty ? name : "\(path).\(name)"
+    }
+
+    /// The path of the value being read, as the API names fields
+    /// (`request.items[0].price`; empty for the whole body).
+    var valuePath: String { Self.path(of: frames[...]) }
+
+    private static func path(of frames: ArraySlice<Frame>) -> String {
         var path = ""
-        for frame in frames.dropLast() {
+        for frame in frames {
             switch frame {
             case .object(_, let current): path += path.isEmpty ? (current ?? "") : ".\(current ?? "")"
             case .array(let index): path += "[\(index)]"
             }
         }
-        return path.isEmpty ? name : "\(path).\(name)"
+        return path
     }
 }
 

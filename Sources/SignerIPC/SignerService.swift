@@ -129,16 +129,19 @@ public final class SignerService: HTTPHandler, Sendable {
     /// (`rate_limit_per_second`, `rate_limit_burst`), 503 `hsm_unavailable`
     /// with `Retry-After: 1` for a POST while the token is down, and 415
     /// `unsupported_media_type` for a POST that is not `application/json`,
-    /// or that names a `charset` other than UTF-8 (or US-ASCII, its subset).
+    /// or that names a `charset` other than UTF-8 (or US-ASCII, its subset),
+    /// or whose body has a content coding (`gzip`; RFC 9110 §8.4), with
+    /// `Accept-Encoding: identity`.
     /// - Parameters:
     ///   - method: the request method.
     ///   - path: the request path.
     ///   - contentTypes: every `Content-Type` header's value, in order.
+    ///   - contentCodings: every `Content-Encoding` header's value, in order.
     ///   - contentLength: the `Content-Length` header; unused here (the server
     ///     checks it against the body limit).
     ///   - peer: the caller's `SO_PEERCRED` credentials.
     /// - Returns: the error response, or nil to read the body and go on.
-    public func preflight(method: String, path: String, contentTypes: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? {
+    public func preflight(method: String, path: String, contentTypes: [String], contentCodings: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? {
         let route = Route(path: path)
         let config = configuration
         // Who may call comes first: a peer that is not allowed learns nothing, not even which paths exist.
@@ -175,6 +178,16 @@ public final class SignerService: HTTPHandler, Sendable {
             // unregistered spelling of UTF-8.
             if let charset = Self.charsets(of: contentType).first(where: { !["utf-8", "utf8", "us-ascii"].contains($0.lowercased()) }) {
                 return respond(.failure(APIError(.unsupportedMediaType, "the body's charset is \"\(charset)\", but signerd reads JSON as UTF-8 only (RFC 8259 §8.1); send it as UTF-8 with Content-Type: application/json or application/json; charset=utf-8")))
+            }
+            // A compressed body would be read as JSON text and refused as
+            // such, with a message about bytes the client never wrote.
+            // "identity" (RFC 9110 §8.4.1) means none.
+            let codings = contentCodings.joined(separator: ",").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces) }
+            if let coding = codings.first(where: { !$0.isEmpty && $0.lowercased() != "identity" }) {
+                var response = respond(.failure(APIError(.unsupportedMediaType, "the body is sent with Content-Encoding \(coding), which signerd does not decode; send it uncompressed, without Content-Encoding")))
+                // RFC 9110 §15.5.16: say which content codings would be accepted.
+                response.headers.append(("Accept-Encoding", "identity"))
+                return response
             }
         }
         return nil

@@ -165,7 +165,7 @@ struct BadInputTests {
         }
     }
 
-    @Test("batch: an integer beyond Int64 fails only the entry or field that holds it")
+    @Test("batch: an integer beyond Int64 fails only the entry or field that holds it; one beyond a double fails the request, naming where it sits")
     func batchBigIntegers() throws {
         let big = "99999999999999999999"
         let text = #"{"bundle_id":"com.example.other","generate_offers":[{"offer_id":"good","product_id":"p"},"#
@@ -178,12 +178,17 @@ struct BadInputTests {
         #expect(offers[0].signatureData != nil && offers[1].signatureData != nil, "subscription_group is ignored, whatever it holds")
         #expect(offers[2].signatureError?.code == OffersResponse.invalidOfferCode && offers[2].signatureError?.message.contains("generate_offers[2].offer_id") == true)
         #expect(offers[3].signatureError?.code == OffersResponse.invalidOfferCode && offers[3].signatureError?.message.contains("generate_offers[3].product_id") == true)
-        // A number the parser itself cannot hold (over 308 digits) fails the whole body, but the
-        // error does not quote all of it.
+        // A number the parser itself cannot hold (over 308 digits) fails the whole body, naming
+        // where it sits; the error does not quote all of it.
         let huge = String(repeating: "9", count: 60_000)
         let refused = try daemon.client().send("POST", "/v1/offers", body: Array(#"{"bundle_id":"com.example.other","generate_offers":[{"offer_id":"o","product_id":"p","subscription_group":\#(huge)}]}"#.utf8))
-        #expect(refused.status == 400 && refused.error?.code == "invalid_json")
+        #expect(refused.status == 400 && refused.error?.code == "invalid_field" && refused.error?.field == "generate_offers[0].subscription_group",
+                "\(String(decoding: refused.body.prefix(600), as: UTF8.self))")
         #expect(refused.body.count < 1_000, "\(refused.body.count) bytes of error body")
+        // So is one written with an exponent, which the contract's timestamp rule would otherwise meet.
+        let exponent = try daemon.client().send("POST", Self.offer, body: Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o","timestamp":1e309}"#.utf8))
+        #expect(exponent.status == 400 && exponent.error?.code == "invalid_field" && exponent.error?.field == "timestamp", "\(String(decoding: exponent.body, as: UTF8.self))")
+        try expectServing(daemon)
         // Where a number is signed, the same integer is still refused with its path.
         let commerce = try daemon.client().send("POST", "/v1/sign/advanced-commerce-request",
                                                 body: Array(#"{"bundle_id":"com.example.other","request":{"price":\#(big)}}"#.utf8))
@@ -353,6 +358,35 @@ struct BadInputTests {
         try expectServing(daemon)
     }
 
+    /// A gzipped body was read as JSON text and refused as "not UTF-8 (it
+    /// holds a NUL byte…)", about bytes the client never wrote.
+    @Test("a body with a content coding gets 415 naming it, with Accept-Encoding: identity, and the connection keeps serving; identity is read and signed")
+    func contentEncoding() throws {
+        let sign = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
+        // The POST with `codings`, then `next` on the same connection; read until the daemon closes.
+        func exchange(_ codings: [String], then next: String = "", closing: Bool = false) throws -> String {
+            let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+            defer { connection.close() }
+            let headers = codings.map { "Content-Encoding: \($0)\r\n" }.joined() + (closing ? "Connection: close\r\n" : "")
+            try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\(headers)Content-Length: \(sign.utf8.count)\r\n\r\n\(sign)\(next)".utf8))
+            var received: [UInt8] = []
+            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+            return String(decoding: received, as: UTF8.self)
+        }
+        for (codings, refused) in [(["gzip"], "gzip"), (["identity", "br"], "br"), (["identity, deflate"], "deflate")] {
+            // The body is read and thrown away: a request pipelined after it is answered on the same connection.
+            let text = try exchange(codings, then: "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            #expect(text.hasPrefix("HTTP/1.1 415"), "\(codings): \(text.prefix(300))")
+            #expect(text.contains("\"unsupported_media_type\"") && text.contains("Content-Encoding \(refused),"), "\(text.prefix(500))")
+            #expect(text.lowercased().contains("\r\naccept-encoding: identity\r\n"), "\(text.prefix(400))")
+            #expect(text.contains("\"status\":\"ok\""), "\(codings): the pipelined /healthz: \(text.suffix(300))")
+        }
+        for codings in [["identity"], ["Identity"], []] {
+            let text = try exchange(codings, closing: true)
+            #expect(daemon.verifies(rawResponse: text), "\(codings): \(text.prefix(400))")
+        }
+    }
+
     /// The contract's "headers 8 KiB" (max_header_bytes), answered in JSON
     /// like every other error.
     @Test("a request head over 8 KiB gets 431 headers_too_large in JSON and a closed connection; one just under is served")
@@ -373,6 +407,9 @@ struct BadInputTests {
             #expect(text.hasPrefix("HTTP/1.1 431"), "\(size): \(text.prefix(200))")
             #expect(text.lowercased().contains("content-type: application/json"), "\(text.prefix(300))")
             #expect(text.contains("\"headers_too_large\"") && text.contains("max_header_bytes"), "\(text.prefix(400))")
+            // Written on the socket, not by libmicrohttpd: RFC 9110 §6.6.1 still wants a Date.
+            #expect(text.range(of: #"\r\nDate: (Mon|Tue|Wed|Thu|Fri|Sat|Sun), \d\d (Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec) \d{4} \d\d:\d\d:\d\d GMT\r\n"#,
+                                options: .regularExpression) != nil, "\(text.prefix(300))")
         }
         #expect(daemon.verifies(rawResponse: try exchange(headerValueBytes: 7 * 1024)))
         // Heads near libmicrohttpd's 16 KiB pool: the pool held them but had no room left for a

@@ -252,7 +252,6 @@ struct FieldReaderTests {
 
     @Test("broken JSON says what the parser found and where", arguments: [
         (#"{"request":"# + String(repeating: "[", count: 600) + String(repeating: "]", count: 600) + "}", "nested"),
-        (#"{"timestamp":1e400}"#, "1e400"),
         (#"{"a":"x"#, "end of file"),
         // Foundation said "Unexpected end of file during string parse" for these.
         (#"{"a":"ok \\ud800 \ud83d\ude00 x\uD800"}"#, #"the escape \uD800 at byte 31 is half of a UTF-16 surrogate pair"#),

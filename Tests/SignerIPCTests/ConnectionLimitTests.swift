@@ -16,7 +16,7 @@ struct ConnectionLimitTests {
     final class StubHandler: HTTPHandler {
         let allowed: Bool
         init(allowed: Bool) { self.allowed = allowed }
-        func preflight(method: String, path: String, contentTypes: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? { nil }
+        func preflight(method: String, path: String, contentTypes: [String], contentCodings: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? { nil }
         func handle(_ request: HTTPRequest) -> HTTPResponse {
             if request.path == "/slow" { usleep(3_000_000) }
             return HTTPResponse(status: 200, body: Array("{}".utf8))
@@ -211,7 +211,7 @@ struct LeftRunningServerTests {
     final class HangingHandler: HTTPHandler, @unchecked Sendable {
         let release = DispatchSemaphore(value: 0)
         let entered = DispatchSemaphore(value: 0)
-        func preflight(method: String, path: String, contentTypes: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? { nil }
+        func preflight(method: String, path: String, contentTypes: [String], contentCodings: [String], contentLength: Int?, peer: PeerCredentials) -> HTTPResponse? { nil }
         func handle(_ request: HTTPRequest) -> HTTPResponse {
             entered.signal()
             release.wait()

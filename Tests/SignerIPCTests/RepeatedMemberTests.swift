@@ -105,6 +105,35 @@ struct RepeatedMemberTests {
         }
     }
 
+    /// Foundation's parser refuses a number no Double holds, where RFC 8259
+    /// sets no range; the member that holds it is named all the same.
+    @Test("numbers no Double holds are refused as invalid_field naming where they sit, not as invalid JSON", arguments: [
+        (#"{"product_id":1e309}"#, "product_id", "1e309", true),
+        (#"{"request":{"a":[1,{"p":-1E400}]},"product_id":1}"#, "request.a[1].p", "-1E400", true),
+        (#"{"product_id":1e309,"request":{"p":2e400}}"#, "product_id", "1e309", true),
+        ("{\"request\":{\"p\":" + String(repeating: "9", count: 400) + "}}", "request.p", String(repeating: "9", count: 200) + "… (200 more characters)", true),
+        // Not JSON for another reason as well: that reason is given.
+        (#"{"product_id":1e309,"bundle_id":tru}"#, "", "", false),
+        (#"{"product_id":1e309,}"#, "", "", false),
+        // An unknown member is named first, as everywhere.
+        (#"{"product_id":1e309,"productId":"p"}"#, "productId", "", false),
+    ])
+    func numbersBeyondDouble(body: String, field: String, text: String, named: Bool) {
+        do {
+            _ = try FieldReader(json: Array(body.utf8), allowed: Self.allowed)
+            Issue.record("accepted \(body)")
+        } catch {
+            if named {
+                #expect(error.code == .invalidField)
+                #expect(error.field == field)
+                #expect(error.message.hasPrefix("\(field) is \(text), beyond any number signerd reads (a JSON number must fit a 64-bit double"), "\(error.message)")
+            } else {
+                #expect(error.code == (field.isEmpty ? .invalidJSON : .unknownField))
+                #expect(error.field == (field.isEmpty ? nil : field))
+            }
+        }
+    }
+
     @Test("the ends of Int64 and ordinary numbers are kept exactly")
     func exactNumbers() throws {
         let body = #"{"request":{"max":9223372036854775807,"min":-9223372036854775808,"half":1.5,"zero":0}}"#
