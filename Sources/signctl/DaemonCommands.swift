@@ -86,13 +86,9 @@ func health(_ words: [String], configPath: String) throws -> ExitCode {
     do {
         response = try client.send("GET", "/readyz")
     } catch {
-        let failure = unreachable(error, socketPath: config.socketPath)
-        if arguments.flag("json") {
-            printJSON(["status": "unreachable", "reason": error.message])
-        } else {
-            writeError(failure.message, hint: failure.hint)
-        }
-        return failure.code
+        // Reported as every other failure: the words on stderr and, with
+        // --json, the {"error": …} object on stdout.
+        throw unreachable(error, socketPath: config.socketPath)
     }
     guard let readiness = try? response.decode(ReadinessResponse.self) else {
         throw failure(from: response)

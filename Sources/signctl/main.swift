@@ -106,20 +106,28 @@ func printJSON(_ value: some Encodable) {
 let loginOnFinalTry = CommandLine.arguments.dropFirst().contains("--final-try")
 
 /// Splits `--config FILE` and `--final-try` (anywhere) from the rest.
+/// `--config` given twice is a usage error, as any other option twice: the
+/// last one winning could point `keys delete` at another token.
 func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: String, rest: [String]) {
-    var configPath = ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] ?? SignerConfiguration.defaultPath
+    var given: String?
     var rest: [String] = []
     var index = 0
+    func take(_ path: String) throws(UsageError) {
+        guard given == nil else {
+            throw UsageError("--config is given twice (\(given ?? "") and \(path))", hint: "give one --config FILE")
+        }
+        given = path
+    }
     while index < words.count {
         let word = words[index]
         if word == "--config" {
             guard index + 1 < words.count else { throw UsageError("--config needs a value") }
-            configPath = words[index + 1]
+            try take(words[index + 1])
             index += 2
             continue
         }
         if word.hasPrefix("--config=") {
-            configPath = String(word.dropFirst("--config=".count))
+            try take(String(word.dropFirst("--config=".count)))
             index += 1
             continue
         }
@@ -130,7 +138,7 @@ func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: St
         rest.append(word)
         index += 1
     }
-    return (configPath, rest)
+    return (given ?? ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] ?? SignerConfiguration.defaultPath, rest)
 }
 
 func loadConfiguration(_ path: String) throws -> SignerConfiguration {
@@ -140,11 +148,15 @@ func loadConfiguration(_ path: String) throws -> SignerConfiguration {
         // A file that was read and refused needs fixing, not another --config.
         var info = stat()
         let exists = stat(path, &info) == 0
+        let statError = exists ? 0 : errno
         // Where splitGlobalOptions took the path from: --config wins over SIGNERD_CONFIG over the default.
         let environment = ProcessInfo.processInfo.environment["SIGNERD_CONFIG"]
         let source = path == environment ? "SIGNERD_CONFIG" : path == SignerConfiguration.defaultPath ? "the default" : "--config"
         let hint: String
-        if !exists {
+        if !exists && statError == EACCES {
+            // The file may well be there: a directory on the way is closed to this user (a 0700 or 0750 /etc/signerd).
+            hint = "this user (uid \(geteuid())) may not search a directory on the path to \(path) (from \(source)): run signctl as root (or as a member of the directory's group, when its mode lets the group in), or pass --config FILE with a file this user can reach"
+        } else if !exists {
             hint = "no file at \(path) (from \(source)): pass --config FILE (or set SIGNERD_CONFIG); the default is \(SignerConfiguration.defaultPath)"
         } else if (info.st_mode & S_IFMT) == S_IFREG && access(path, R_OK) != 0 {
             hint = "this user (uid \(geteuid())) may not read \(path) (owner uid \(info.st_uid), mode \(String(info.st_mode & 0o7777, radix: 8))): run signctl as root (or as a member of the file's group, when its mode lets the group read), or pass --config FILE with a file this user can read"

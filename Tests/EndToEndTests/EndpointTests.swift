@@ -188,10 +188,18 @@ struct EndpointTests {
             (["health", "--json"], 69),
         ]
         for (arguments, expected) in commands {
-            let (status, output) = daemon.signctlStatus(arguments)  // these write nothing to stderr
-            #expect(status == expected, "\(arguments): \(output)")
-            #expect(output.hasSuffix("\n") && !output.hasSuffix("\n\n"), "\(arguments): \(output.debugDescription)")
-            #expect((try? JSONSerialization.jsonObject(with: Data(output.utf8))) != nil, "\(arguments): \(output)")
+            let run = runSignctl(["--config", daemon.configPath] + arguments, environment: daemon.environment)
+            #expect(run.status == expected, "\(arguments): \(run.stdout) \(run.stderr)")
+            #expect(run.stdout.hasSuffix("\n") && !run.stdout.hasSuffix("\n\n"), "\(arguments): \(run.stdout.debugDescription)")
+            #expect((try? JSONSerialization.jsonObject(with: Data(run.stdout.utf8))) != nil, "\(arguments): \(run.stdout)")
         }
+        // A daemon that cannot be reached is a failure like any other: the {"error": …} object
+        // on stdout, the words and the hint on stderr (it was a {"status": "unreachable"} object
+        // and nothing on stderr).
+        let health = runSignctl(["--config", daemon.configPath, "health", "--json"], environment: daemon.environment)
+        let error = try #require((try? JSONSerialization.jsonObject(with: Data(health.stdout.utf8)) as? [String: Any])?["error"] as? [String: Any], "\(health.stdout)")
+        #expect(error["exit_code"] as? Int == 69)
+        #expect((error["message"] as? String)?.contains("signerd is not reachable at \(daemon.socketPath)") == true, "\(health.stdout)")
+        #expect(health.stderr.hasPrefix("error: signerd is not reachable") && health.stderr.contains("\nhint: "), "\(health.stderr)")
     }
 }

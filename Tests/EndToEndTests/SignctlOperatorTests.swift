@@ -88,6 +88,19 @@ struct SignctlUsageTests {
         #expect(run.stderr.contains("\n" + hint), "\(run.stderr)")
     }
 
+    /// The last --config won, so `keys delete` could reach another token than the one meant.
+    @Test("--config given twice, in any form and place, is a usage error naming both", arguments: [
+        ["--config", "/tmp/a.json", "health", "--config", "/tmp/b.json"],
+        ["--config=/tmp/a.json", "keys", "delete", "ABC123DEFG", "--config", "/tmp/b.json"],
+        ["health", "--config", "/tmp/a.json", "--config=/tmp/b.json"],
+    ])
+    func configTwice(arguments: [String]) {
+        let run = runSignctl(arguments)
+        #expect(run.status == 64)
+        #expect(run.stderr.hasPrefix("error: --config is given twice (/tmp/a.json and /tmp/b.json)"), "\(run.stderr)")
+        #expect(run.stderr.contains("\nhint: "), "\(run.stderr)")
+    }
+
     @Test("--help is not an error: usage on stdout, exit 0", arguments: [["--help"], ["-h"], ["keys", "--help"], ["sign", "-h"]])
     func help(arguments: [String]) {
         let run = runSignctl(arguments)
@@ -777,6 +790,20 @@ struct SignctlHintTests {
         let refused = runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Binaries.signctl, "--config", path, "keys", "list"])
         #expect(refused.status == 78, "\(refused.stderr)")
         #expect(refused.stderr.contains("hint: this user (uid 65534) may not read \(path) (owner uid 0, mode 600)"), "\(refused.stderr)")
+    }
+
+    /// The hint said "no file at …" for a file that was there, behind a directory closed to the user.
+    @Test("a configuration file in a directory this user may not search gets a hint about the directory, not 'no file'",
+          .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and setpriv (util-linux) to run as another user"))
+    func configDirectoryClosed() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-config-dir")
+        let path = directory + "/signerd.json"
+        try #"{"token_uri": "pkcs11:token=x?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent"}"#.write(toFile: path, atomically: false, encoding: .utf8)
+        #expect(chmod(directory, 0o700) == 0)
+        let refused = runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Binaries.signctl, "--config", path, "keys", "list"])
+        #expect(refused.status == 78, "\(refused.stderr)")
+        #expect(refused.stderr.contains("hint: this user (uid 65534) may not search a directory on the path to \(path)"), "\(refused.stderr)")
+        #expect(!refused.stderr.contains("no file at"), "\(refused.stderr)")
     }
 
     @Test("token init as root warns that the token is root's alone when a signerd user exists",
