@@ -779,30 +779,32 @@ struct SignctlHintTests {
         #expect(new.status == 77 && new.stderr.contains("hint: run signctl as the user signerd runs as: runuser -u nobody -- signctl token init …"), "\(new.stderr)")
     }
 
+    /// `signctl keys list` run as uid 65534 with a configuration file made
+    /// by root, its directory and the file given these modes.
+    static func keysListAsNobody(directoryMode: mode_t, fileMode: mode_t) throws -> (path: String, status: Int32, stderr: String) {
+        let directory = TemporaryDirectory.make(prefix: "signerd-config-mode")
+        let path = directory + "/signerd.json"
+        try #"{"token_uri": "pkcs11:token=x?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent"}"#.write(toFile: path, atomically: false, encoding: .utf8)
+        #expect(chmod(path, fileMode) == 0 && chmod(directory, directoryMode) == 0)
+        let refused = runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Binaries.signctl, "--config", path, "keys", "list"])
+        return (path, refused.status, refused.stderr)
+    }
+
     @Test("a configuration file this user may not read gets a hint naming its owner and mode",
           .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and setpriv (util-linux) to run as another user"))
     func configUnreadable() throws {
-        let directory = TemporaryDirectory.make(prefix: "signerd-config-mode")
-        #expect(chmod(directory, 0o755) == 0)
-        let path = directory + "/signerd.json"
-        try #"{"token_uri": "pkcs11:token=x?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent"}"#.write(toFile: path, atomically: false, encoding: .utf8)
-        #expect(chmod(path, 0o600) == 0)
-        let refused = runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Binaries.signctl, "--config", path, "keys", "list"])
+        let refused = try Self.keysListAsNobody(directoryMode: 0o755, fileMode: 0o600)
         #expect(refused.status == 78, "\(refused.stderr)")
-        #expect(refused.stderr.contains("hint: this user (uid 65534) may not read \(path) (owner uid 0, mode 600)"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("hint: this user (uid 65534) may not read \(refused.path) (owner uid 0, mode 600)"), "\(refused.stderr)")
     }
 
     /// The hint said "no file at …" for a file that was there, behind a directory closed to the user.
     @Test("a configuration file in a directory this user may not search gets a hint about the directory, not 'no file'",
           .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and setpriv (util-linux) to run as another user"))
     func configDirectoryClosed() throws {
-        let directory = TemporaryDirectory.make(prefix: "signerd-config-dir")
-        let path = directory + "/signerd.json"
-        try #"{"token_uri": "pkcs11:token=x?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/nonexistent"}"#.write(toFile: path, atomically: false, encoding: .utf8)
-        #expect(chmod(directory, 0o700) == 0)
-        let refused = runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", Binaries.signctl, "--config", path, "keys", "list"])
+        let refused = try Self.keysListAsNobody(directoryMode: 0o700, fileMode: 0o644)
         #expect(refused.status == 78, "\(refused.stderr)")
-        #expect(refused.stderr.contains("hint: this user (uid 65534) may not search a directory on the path to \(path)"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("hint: this user (uid 65534) may not search a directory on the path to \(refused.path)"), "\(refused.stderr)")
         #expect(!refused.stderr.contains("no file at"), "\(refused.stderr)")
     }
 
