@@ -13,8 +13,9 @@ import Glibc
 /// Accepts what Apple and other tools write: PEM PKCS#8
 /// (`-----BEGIN PRIVATE KEY-----`, the 147-byte form with the public key and
 /// the 135-byte form without it) and SEC1 (`-----BEGIN EC PRIVATE KEY-----`),
-/// with LF or CRLF line endings and trailing whitespace. The scalar lives in
-/// a ``SecureBytes`` buffer that is wiped when this object is released.
+/// with LF, CRLF or CR line endings, lines indented or with trailing
+/// whitespace (a key pasted from an e-mail or a YAML file). The scalar lives
+/// in a ``SecureBytes`` buffer that is wiped when this object is released.
 public final class ECPrivateKeyMaterial: Sendable {
     /// Always ``ECCurve/p256``: App Store keys are P-256 and nothing else is accepted.
     public let curve: ECCurve
@@ -22,6 +23,12 @@ public final class ECPrivateKeyMaterial: Sendable {
     public let scalar: SecureBytes
     /// The public key (computed by OpenSSL when the file does not embed it).
     public let publicKey: ECPublicKey
+    /// Whether the file holds text besides the private key's PEM block (and
+    /// an `EC PARAMETERS` block, which `openssl ecparam -genkey` writes
+    /// before a SEC1 key): a certificate, a public key or other words that
+    /// OpenSSL skipped. Only the private key is read; a caller may warn that
+    /// the file may not be the one meant.
+    public let hasOtherText: Bool
 
     /// Largest key file read, in bytes; real ones are about 250.
     public static let maximumFileSize = 64 * 1024
@@ -47,7 +54,9 @@ public final class ECPrivateKeyMaterial: Sendable {
         guard !text.encrypted else {
             throw CryptoError(.keyFileInvalid, "the key file is encrypted (-----BEGIN ENCRYPTED PRIVATE KEY----- or Proc-Type: 4,ENCRYPTED); export it unencrypted as Apple delivers it (-----BEGIN PRIVATE KEY-----)")
         }
-        let parsed: OpaquePointer? = pem.withUnsafeBytes { bytes in
+        let layout = ECPrivateKeyMaterial.normalizedLayout(pem)
+        hasOtherText = layout.withUnsafeBytes(ECPrivateKeyMaterial.hasTextOutsideKey)
+        let parsed: OpaquePointer? = layout.withUnsafeBytes { bytes in
             guard let bio = BIO_new_mem_buf(bytes.baseAddress, Int32(bytes.count)) else { return nil }
             defer { BIO_free(bio) }
             // A password callback that declines: an encrypted key must not
@@ -70,7 +79,8 @@ public final class ECPrivateKeyMaterial: Sendable {
                 throw CryptoError(.keyFileInvalid, "the key file's PEM block has no -----END line: the file is cut short; \(intactCopy)")
             }
             if begins == 1 && ends == 1 {
-                throw CryptoError(.keyFileInvalid, "the key file's PEM block does not decode: its Base64, or the key inside it, is damaged (cut short or edited); \(intactCopy)")
+                throw CryptoError(.keyFileInvalid, "the key file's PEM block does not decode: its Base64, or the key inside it, is damaged (cut short or edited), "
+                                  + "or it is a SEC1 key without its curve parameters (convert such a key with: openssl pkcs8 -topk8 -nocrypt, naming the curve); \(intactCopy)")
             }
             throw error
         }
@@ -92,6 +102,12 @@ public final class ECPrivateKeyMaterial: Sendable {
             throw CryptoError(.keyFileInvalid, "the file holds no private scalar")
         }
         defer { BN_clear_free(bignum) }
+        // RFC 5915 §3 / SEC 1 §3.2.1: d lies in [1, n − 1]. OpenSSL reads a
+        // larger one and signs with it reduced modulo n: a key that is not
+        // the one in the file.
+        guard ECPrivateKeyMaterial.isInRange(bignum) else {
+            throw CryptoError(.keyFileInvalid, "the private scalar is 0 or not below the order n of P-256 (a private key is a number from 1 to n − 1, SEC 1 §3.2.1): the file is damaged or was not made by App Store Connect")
+        }
         scalar = try SecureBytes(capacity: curve.byteCount) { (buffer) throws(CryptoError) -> Int in
             guard BN_bn2binpad(bignum, buffer.baseAddress?.assumingMemoryBound(to: UInt8.self), Int32(buffer.count)) == Int32(buffer.count) else {
                 throw CryptoError(.keyFileInvalid, "the private scalar is longer than 32 bytes")
@@ -114,6 +130,65 @@ public final class ECPrivateKeyMaterial: Sendable {
     public convenience init(contentsOf path: String) throws(CryptoError) {
         let pem = try ECPrivateKeyMaterial.readSecretFile(path)
         try self.init(pem: pem)
+    }
+
+    /// Whether `d` lies in [1, n − 1] for P-256's group order n.
+    private static func isInRange(_ d: OpaquePointer) -> Bool {
+        guard BN_is_zero(d) == 0, BN_is_negative(d) == 0,
+              let group = EC_GROUP_new_by_curve_name(NID_X9_62_prime256v1) else { return false }
+        defer { EC_GROUP_free(group) }
+        guard let order = EC_GROUP_get0_order(group) else { return false }
+        return BN_cmp(d, order) < 0
+    }
+
+    /// `pem` with every line end (CRLF, or CR alone as old Mac editors
+    /// write) made LF and each line's leading spaces and tabs removed: the
+    /// layout OpenSSL's PEM reader needs, which a key pasted from an e-mail
+    /// or indented in a YAML file has lost. Base64 and the PEM lines hold
+    /// no blanks at the start, so nothing of the key changes.
+    static func normalizedLayout(_ pem: SecureBytes) -> SecureBytes {
+        pem.withUnsafeBytes { bytes in
+            SecureBytes(capacity: bytes.count) { out in
+                var written = 0
+                var index = 0
+                var lineStart = true
+                while index < bytes.count {
+                    var byte = bytes[index]
+                    index += 1
+                    if byte == 0x0d {
+                        byte = 0x0a
+                        if index < bytes.count, bytes[index] == 0x0a { index += 1 }
+                    }
+                    if lineStart, byte == 0x20 || byte == 0x09 { continue }
+                    out[written] = byte
+                    written += 1
+                    lineStart = byte == 0x0a
+                }
+                return written
+            }
+        }
+    }
+
+    /// Whether LF-separated `text` (``normalizedLayout(_:)``) has a line
+    /// with anything but blanks outside its private key's PEM block and an
+    /// `EC PARAMETERS` block; a UTF-8 byte-order mark at the start is skipped.
+    static func hasTextOutsideKey(_ text: UnsafeRawBufferPointer) -> Bool {
+        func starts(_ line: Slice<UnsafeRawBufferPointer>, _ prefix: String) -> Bool {
+            line.count >= prefix.utf8.count && zip(line, prefix.utf8).allSatisfy { $0 == $1 }
+        }
+        var inside = false
+        let byteOrderMark: [UInt8] = [0xEF, 0xBB, 0xBF]
+        let body = text.starts(with: byteOrderMark) ? text[3...] : text[...]
+        for line in body.split(separator: 0x0a, omittingEmptySubsequences: true) {
+            if starts(line, "-----BEGIN PRIVATE KEY-----") || starts(line, "-----BEGIN EC PRIVATE KEY-----") || starts(line, "-----BEGIN EC PARAMETERS-----") {
+                inside = true
+            } else if starts(line, "-----END ") && inside {
+                inside = false
+            } else if !inside && !line.allSatisfy({ $0 == 0x20 || $0 == 0x09 }) {
+                return true
+            }
+        }
+        return false
     }
 
     /// OpenSSL's name of an EC key's group (`secp256k1`), for curves

@@ -216,6 +216,10 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     }
     _ = try arguments.positionals(0, "")
     let label = try arguments.required("label")
+    // The label field of CK_TOKEN_INFO is 32 bytes, blank-padded (PKCS#11 §3.2).
+    guard (1...32).contains(label.utf8.count) else {
+        throw UsageError("--label is \(label.utf8.count) bytes; a token label is 1 to 32 bytes (UTF-8)", hint: "pick a shorter label, such as signerd")
+    }
     let module = arguments.options["module"] ?? "/usr/lib/softhsm/libsofthsm2.so"
     let (soPINFile, userPINFile) = (try arguments.required("so-pin-file"), try arguments.required("pin-file"))
     let soPIN = try TokenAdministration.readPINFile(soPINFile)
@@ -326,6 +330,10 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
                          hint: "leave out --key-id to use \(nameKeyID), or add --force-key-id if the file was renamed")
     }
     let material = try ECPrivateKeyMaterial(contentsOf: path)
+    if material.hasOtherText {
+        // OpenSSL skips what surrounds the key: a file put together by hand may not be the one meant.
+        FileHandle.standardError.write(Data("warning: \(path) holds more than the private key (a certificate, a public key, or other text before or after it); only the private key is read: check that it is the key App Store Connect lists under key ID \(keyID)\n".utf8))
+    }
     let token = try openTokenForWriting(loadConfiguration(configPath), configPath: configPath)
     defer { token.close() }
     // key_exists would say "pass --replace" about a key that signs nothing.

@@ -112,6 +112,20 @@ struct SignctlUsageTests {
 
 @Suite("signctl token init: PIN length and half-initialized tokens", .serialized)
 struct SignctlTokenInitTests {
+    /// An empty or 40-byte --label was exit 78 "invalid_uri", though no URI is involved.
+    @Test("a --label outside 1 to 32 bytes is a usage error (64) with a hint; the token stays free", arguments: ["", String(repeating: "l", count: 33), String(repeating: "é", count: 17)])
+    func labelLength(_ label: String) throws {
+        let hsm = try FreeSoftHSM()
+        let soPIN = try hsm.pinFile("so-pin", "12345678")
+        let pin = try hsm.pinFile("pin", "87654321")
+        let refused = runSignctl(["token", "init", "--label", label, "--pin-file", pin, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
+        #expect(refused.status == 64, "\(refused.stderr)")
+        #expect(refused.stderr.hasPrefix("error: --label is \(label.utf8.count) bytes; a token label is 1 to 32 bytes"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("\nhint: "), "\(refused.stderr)")
+        let made = runSignctl(["token", "init", "--label", String(repeating: "l", count: 32), "--pin-file", pin, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
+        #expect(made.status == 0, "32 bytes is a label: \(made.stderr)")
+    }
+
     /// C_InitPIN refused a 3-byte PIN after C_InitToken had run, leaving a
     /// token without a user PIN that a second run called "already initialized".
     @Test("a user PIN shorter than ulMinPinLen is refused before C_InitToken; the token stays free")
@@ -276,6 +290,21 @@ struct SignctlCosmeticsTests {
         let result = runSignctl(["--config", "/nonexistent/signerd.json"] + arguments)
         #expect(result.status == 64, "\(result.stderr)")
         #expect(result.stderr.contains(expected), "\(result.stderr)")
+    }
+
+    /// A key file with a certificate or other text around the key imported without a word.
+    @Test("keys import of a file with text around the key imports it and warns on stderr; a plain file gets no warning")
+    func importWarnsOfOtherText() throws {
+        let (_, config) = try tokenConfig("other-text")
+        let files = try TestKeyFiles.make()
+        let mixed = TemporaryDirectory.make(prefix: "signerd-ops") + "/AuthKey_OTHERTEXT1.p8"
+        try writeSecretFile(mixed, try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8) + files.publicKeyPEM)
+        let warned = runSignctl(["--config", config, "keys", "import", mixed])
+        #expect(warned.status == 0, "\(warned.stderr)")
+        #expect(warned.stderr.hasPrefix("warning: \(mixed) holds more than the private key"), "\(warned.stderr)")
+        #expect(warned.stderr.contains("key ID OTHERTEXT1"), "\(warned.stderr)")
+        let plain = runSignctl(["--config", config, "keys", "import", "--replace", "--key-id", "OTHERTEXT1", files.pkcs8Apple, "--force-key-id"])
+        #expect(plain.status == 0 && !plain.stderr.contains("warning:"), "\(plain.stderr)")
     }
 
     @Test("keys import --json says replaced as a boolean; keys delete counts objects in words")

@@ -129,6 +129,73 @@ struct OperatorKeyFileTests {
         }
     }
 
+    /// An indented key (pasted from an e-mail or a YAML file) or one with
+    /// CR line ends was called damaged, with advice to revoke it.
+    @Test("a key file indented, with tabs, or with CR line ends reads as the same key; nothing else is said of it")
+    func layouts() throws {
+        let files = try TestKeyFiles.make()
+        let expected = try ECPublicKey(pem: files.publicKeyPEM)
+        for source in [files.pkcs8Apple, files.sec1, files.pkcs8NoPublicKey] {
+            let text = try String(contentsOfFile: source, encoding: .utf8)
+            let lines = text.split(separator: "\n").map(String.init)
+            let variants = [
+                "   " + text,
+                lines.map { "    " + $0 }.joined(separator: "\n") + "\n",
+                lines.map { "\t" + $0 }.joined(separator: "\r\n"),
+                lines.joined(separator: "\r") + "\r",
+                lines.map { " \t " + $0 + "  " }.joined(separator: "\r") ,
+            ]
+            for (index, variant) in variants.enumerated() {
+                let material = try ECPrivateKeyMaterial(contentsOf: Self.write("layout\(index).p8", variant))
+                #expect(material.publicKey == expected, "\(source) variant \(index)")
+                #expect(!material.hasOtherText, "\(source) variant \(index)")
+            }
+        }
+    }
+
+    /// OpenSSL reads the first private key and skips whatever surrounds it.
+    @Test("text around the key (after END, a certificate before it, a public key after it) reads, and is reported; an EC PARAMETERS block or a byte-order mark is not")
+    func otherText() throws {
+        let files = try TestKeyFiles.make()
+        let key = try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8)
+        let publicKey = files.publicKeyPEM
+        let directory = TemporaryDirectory.make(prefix: "signerd-keyfile")
+        try run(["openssl", "req", "-x509", "-new", "-key", files.pkcs8Apple, "-subj", "/CN=x", "-days", "1", "-out", directory + "/cert.pem"])
+        let certificate = try String(contentsOfFile: directory + "/cert.pem", encoding: .utf8)
+        try run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-out", directory + "/with-params.pem"])
+        let cases: [(String, Bool)] = [
+            (key + "garbage here !!!\n", true),
+            (certificate + key, true),
+            (key + publicKey, true),
+            ("Key for the App Store:\n" + key, true),
+            (key, false),
+            ("\u{FEFF}" + key, false),
+            (try String(contentsOfFile: directory + "/with-params.pem", encoding: .utf8), false),
+        ]
+        for (index, (text, other)) in cases.enumerated() {
+            let material = try ECPrivateKeyMaterial(contentsOf: Self.write("other\(index).p8", text))
+            #expect(material.hasOtherText == other, "case \(index)")
+        }
+    }
+
+    /// A PKCS#8 or SEC1 key whose d is n + 5 imported, and the token then
+    /// signed with d mod n = 5: a key that is not the one in the file.
+    @Test("a private scalar of 0, n or beyond n is refused naming the range", arguments: [
+        "0000000000000000000000000000000000000000000000000000000000000000",
+        "FFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551",
+        "FFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632556",
+        "FFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFFF",
+    ])
+    func scalarOutOfRange(_ hex: String) throws {
+        let d = stride(from: 0, to: hex.count, by: 2).map { UInt8(hex.dropFirst($0).prefix(2), radix: 16)! }  // literal hex above
+        // RFC 5915 ECPrivateKey: version 1, d, parameters [0] prime256v1; no public key.
+        let der: [UInt8] = [0x30, 0x31, 0x02, 0x01, 0x01, 0x04, 0x20] + d + [0xA0, 0x0A, 0x06, 0x08, 0x2A, 0x86, 0x48, 0xCE, 0x3D, 0x03, 0x01, 0x07]
+        let path = try Self.write("range.p8", TestKeyFiles.pem("EC PRIVATE KEY", der, lineEnding: "\n"))
+        let error = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: path) }
+        #expect(error?.code == .keyFileInvalid)
+        #expect(error?.message.hasPrefix("the private scalar is 0 or not below the order n of P-256") == true, "\(error?.description ?? "no error")")
+    }
+
     @Test("a secp256k1 key is refused naming secp256k1")
     func secp256k1() throws {
         let path = TemporaryDirectory.make(prefix: "signerd-keyfile") + "/k1.p8"
