@@ -124,13 +124,18 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         self.keyID = keyID
     }
 
-    /// The code and message, then `token=` and `key=` when known; for logs
-    /// and `signctl`'s error line. Never contains a PIN or key bytes.
+    /// The code and message, then after a dash the token label and key ID
+    /// when known and not already in the message (`key_not_found: … —
+    /// token t1, key ABC123DEFG`); for logs and `signctl`'s error line.
+    /// Never contains a PIN or key bytes.
     public var description: String {
-        var parts = ["\(code): \(message)"]
-        if let tokenLabel { parts.append("token=\(tokenLabel)") }
-        if let keyID { parts.append("key=\(keyID)") }
-        return parts.joined(separator: " ")
+        // Set apart from the message, and only what it does not say already:
+        // "token=t1 key=K" after "import it with signctl keys import" read as
+        // part of the command.
+        var context: [String] = []
+        if let tokenLabel, !message.contains("token \(tokenLabel)") { context.append("token \(tokenLabel)") }
+        if let keyID, !message.contains(keyID) { context.append("key \(keyID)") }
+        return "\(code): \(message)" + (context.isEmpty ? "" : " — \(context.joined(separator: ", "))")
     }
 }
 

@@ -196,6 +196,20 @@ struct OperatorKeyFileTests {
         #expect(error?.message.hasPrefix("the private scalar is 0 or not below the order n of P-256") == true, "\(error?.description ?? "no error")")
     }
 
+    /// "… import it with signctl keys import token=t1 key=K" read as part of the command.
+    @Test("an error's description sets the token and key apart after a dash, and leaves out what the message already names")
+    func errorDescription() {
+        var error = HSMError(.keyNotFound, "no private key with key ID NOPE000001 on token t1; import it with signctl keys import")
+        error.tokenLabel = "t1"
+        error.keyID = "NOPE000001"
+        #expect(error.description == "key_not_found: no private key with key ID NOPE000001 on token t1; import it with signctl keys import")
+        error.message = "cannot sign: C_Sign returned CKR_DEVICE_ERROR"
+        #expect(error.description == "key_not_found: cannot sign: C_Sign returned CKR_DEVICE_ERROR — token t1, key NOPE000001")
+        error.keyID = nil
+        #expect(error.description.hasSuffix("CKR_DEVICE_ERROR — token t1"))
+        #expect(!error.description.contains("token="))
+    }
+
     @Test("a secp256k1 key is refused naming secp256k1")
     func secp256k1() throws {
         let path = TemporaryDirectory.make(prefix: "signerd-keyfile") + "/k1.p8"
