@@ -31,6 +31,61 @@ public enum SoftHSMFiles {
         return line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
     }
 
+    /// What ``lockTokenDirectory(module:timeout:waiting:)`` found.
+    public enum DirectoryLock: Equatable, Sendable {
+        /// Held by this process until it exits.
+        case held
+        /// Nothing to lock: the module is not SoftHSM, or its token
+        /// directory cannot be opened by this user (the command then fails
+        /// or succeeds on its own).
+        case notApplicable
+        /// Another process held it for the whole timeout.
+        case timedOut(directory: String)
+    }
+
+    /// The descriptor whose lock ``lockTokenDirectory(module:timeout:waiting:)``
+    /// holds; open until the process exits, which releases the lock.
+    nonisolated(unsafe) private static var lockDescriptor: Int32 = -1
+
+    /// Takes an exclusive `flock(2)` on SoftHSM's token directory and holds
+    /// it until this process exits, so that two `signctl` commands never
+    /// work on the same SoftHSM tokens at once. SoftHSM rewrites a token's
+    /// files at `C_Login` and at every write; another process reading them
+    /// meanwhile saw the token uninitialized, objects gone, or `C_Login`
+    /// fail with `CKR_GENERAL_ERROR`. signerd does not take the lock: it
+    /// waits out a key another process is replacing instead, and must not
+    /// stop signing while an operator's command runs. The lock is advisory
+    /// and taken on the directory itself (opened read-only), so a user who
+    /// may only read the tokens can take it; SoftHSM's own `fcntl` locks
+    /// are separate from it.
+    /// - Parameters:
+    ///   - module: `module-path` or `module-name` of the token URI.
+    ///   - timeout: how long to wait for another holder, in seconds.
+    ///   - waiting: called once when the lock is busy, before the wait.
+    /// - Returns: what was done.
+    public static func lockTokenDirectory(module: String?, timeout: Double, waiting: () -> Void) -> DirectoryLock {
+        guard lockDescriptor < 0 else { return .held }
+        guard let directory = tokenDirectory(module: module) else { return .notApplicable }
+        let descriptor = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard descriptor >= 0 else { return .notApplicable }
+        var waited = false
+        let deadline = Date().addingTimeInterval(timeout)
+        while flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
+            guard errno == EWOULDBLOCK || errno == EINTR, Date() < deadline else {
+                let busy = errno == EWOULDBLOCK
+                close(descriptor)
+                return busy ? .timedOut(directory: directory) : .notApplicable
+            }
+            if !waited {
+                waited = true
+                waiting()
+            }
+            usleep(20_000)
+        }
+        lockDescriptor = descriptor
+        return .held
+    }
+
     /// The largest `token.object` under `tokenDirectory` and its size in
     /// bytes: the file SoftHSM rewrites in place at every `C_Login`.
     public static func largestTokenFile(in tokenDirectory: String) -> (path: String, bytes: UInt64)? {

@@ -41,7 +41,8 @@ func hint(for error: HSMError) -> String? {
     case .keyDuplicate: "check that the file is the key App Store Connect lists under the key ID you import it as; if the same key must really carry both key IDs, pass --allow-duplicate-key"
     case .pinRejected: "check the PIN source; signctl does not retry a refused PIN (tokens lock after a few tries)"
     case .tokenNotFound: "check token= in token_uri (list tokens with: p11-kit list-modules); for SoftHSM, export SOFTHSM2_CONF=<dir>/softhsm2.conf of the token scripts/softhsm-setup.sh made. "
-        + "A SoftHSM token that was there before and now counts as uninitialized had its token.object cut short (a process ended while writing it, a full disk, a file size limit): restore the copy of its token directory"
+        + "A SoftHSM token that was there before and now counts as uninitialized was being rewritten by another program at that moment (run the command again), "
+        + "or, if it stays so, had its token.object cut short (a process ended while writing it, a full disk, a file size limit): then restore the copy of its token directory"
     case .pinSourceInsecure where error.fileOwner != nil: "chown the PIN file to root or to the user signctl runs as (and chmod 0600 it)"
     case .pinSourceInsecure: "chmod 0600 the PIN file"
     case .pinSourceUnreadable: "the PIN file must be a regular file this user can read, with the PIN alone on one line"
@@ -172,6 +173,7 @@ func stillInStorage(_ token: HSMToken, fileSizeLimit: UInt64?) throws -> HSMToke
 ///   of ``HSMToken/init(uri:options:)``.
 func openToken(_ config: SignerConfiguration, configPath: String, options: TokenOptions) throws -> HSMToken {
     let uri = try PKCS11URI(config.tokenURI)
+    try lockSoftHSMTokens(module: uri.modulePath ?? uri.moduleName)
     let fileSizeLimit = ProcessControl.raiseFileSizeLimit()
     if let limit = fileSizeLimit, let problem = SoftHSMFiles.loginWouldCut(limit: limit, module: uri.modulePath ?? uri.moduleName) {
         throw CommandFailure(.config, "file_size_limit: \(problem)", hint: "ulimit -f unlimited (in the shell signctl runs from), or remove LimitFSIZE= from the unit")
@@ -193,6 +195,23 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
         throw CommandFailure(error, message: "\(error.description) (the PIN read from \(source) that token_uri of \(configPath) names)", hint: hint(for: error))
     }
 }
+
+/// Waits for any other signctl working on the same SoftHSM tokens
+/// (``SoftHSMFiles/lockTokenDirectory(module:timeout:waiting:)``), saying
+/// so on stderr, for up to ``tokenLockSeconds``.
+/// - Throws: ``CommandFailure`` (75, try again) when the wait runs out.
+func lockSoftHSMTokens(module: String?) throws {
+    let lock = SoftHSMFiles.lockTokenDirectory(module: module, timeout: tokenLockSeconds) {
+        FileHandle.standardError.write(Data("waiting for another signctl that is using the SoftHSM tokens in \(SoftHSMFiles.tokenDirectory(module: module) ?? "its token directory")\n".utf8))
+    }
+    if case .timedOut(let directory) = lock {
+        throw CommandFailure(.tempFail, "another process has held the lock on \(directory) for \(Int(tokenLockSeconds)) s (signctl takes it so that two commands never rewrite SoftHSM's token files at once)",
+                             hint: "let the other signctl finish (ps -C signctl), then run this command again")
+    }
+}
+
+/// How long signctl waits for another signctl using the same SoftHSM tokens, in seconds.
+let tokenLockSeconds = 60.0
 
 /// What to do about a `pin-source` signctl cannot read. systemd's
 /// credentials (`LoadCredential=`, under /run/credentials/) exist only
@@ -224,6 +243,7 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     let (soPINFile, userPINFile) = (try arguments.required("so-pin-file"), try arguments.required("pin-file"))
     let soPIN = try TokenAdministration.readPINFile(soPINFile)
     let userPIN = try TokenAdministration.readPINFile(userPINFile)
+    try lockSoftHSMTokens(module: module)
     // Only when a write would happen: a token already made is left alone, as root or not.
     if geteuid() == 0, try TokenAdministration.initializationWouldWrite(modulePath: module, label: label) {
         try refuseRootOnOthersSoftHSMTokens(module: module, rerun: "signctl token init …")

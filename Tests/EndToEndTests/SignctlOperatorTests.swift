@@ -2,6 +2,7 @@ import Foundation
 @testable import HSMSigner
 import SignerIPC
 import TestSupport
+import Synchronization
 import Testing
 
 /// Runs the built signctl with `environment` added, never throwing.
@@ -290,6 +291,37 @@ struct SignctlCosmeticsTests {
         let result = runSignctl(["--config", "/nonexistent/signerd.json"] + arguments)
         #expect(result.status == 64, "\(result.stderr)")
         #expect(result.stderr.contains(expected), "\(result.stderr)")
+    }
+
+    /// Four imports at once: one succeeded, the others failed with
+    /// CKR_OBJECT_HANDLE_INVALID or "token not found … restore the copy of
+    /// its token directory"; a parallel keys list failed C_Login with
+    /// CKR_GENERAL_ERROR. SoftHSM rewrites its token files at C_Login and at
+    /// every write, so signctl commands on the same SoftHSM tokens now run
+    /// one at a time.
+    @Test("signctl commands run at once on one SoftHSM token all succeed: four imports --replace of one key ID, then six keys list; one key is left")
+    func concurrentCommands() throws {
+        let (_, config) = try tokenConfig("concurrent")
+        let files = try (0..<4).map { _ in try TestKeyFiles.make() }
+        let imports = Mutex<[(Int32, String)]>([])
+        DispatchQueue.concurrentPerform(iterations: files.count) { index in
+            let run = runSignctl(["--config", config, "keys", "import", "--replace", "--key-id", "RACEKEY001", "--force-key-id", files[index].pkcs8Apple])
+            imports.withLock { $0.append((run.status, run.stderr)) }
+        }
+        for (status, stderr) in imports.withLock({ $0 }) {
+            #expect(status == 0, "\(stderr)")
+        }
+        let lists = Mutex<[(Int32, String)]>([])
+        DispatchQueue.concurrentPerform(iterations: 6) { _ in
+            let run = runSignctl(["--config", config, "keys", "list", "--json"])
+            lists.withLock { $0.append((run.status, run.stderr + run.stdout)) }
+        }
+        for (status, output) in lists.withLock({ $0 }) {
+            #expect(status == 0, "\(output)")
+        }
+        let listed = runSignctl(["--config", config, "keys", "list", "--json"])
+        let keys = try #require(try? JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]], "\(listed.stdout)")
+        #expect(keys.count == 1 && keys.first?["key_id"] as? String == "RACEKEY001", "\(listed.stdout)")
     }
 
     /// A key file with a certificate or other text around the key imported without a word.
