@@ -64,6 +64,9 @@ public final class ECPrivateKeyMaterial: Sendable {
             return PEM_read_bio_PrivateKey(bio, nil, { _, _, _, _ in 0 }, nil)
         }
         guard let parsed else {
+            guard !pem.withUnsafeBytes(ECPrivateKeyMaterial.isOneDERSequence) else {
+                throw CryptoError(.keyFileInvalid, "the key file is binary DER, not PEM: convert it with: openssl pkey -inform DER -in FILE -out AuthKey_KEYID.p8, then import that")
+            }
             let error = CryptoError(.keyFileInvalid, "not a PEM private key: expected -----BEGIN PRIVATE KEY----- (PKCS#8) or -----BEGIN EC PRIVATE KEY----- (SEC1), unencrypted")
             // OpenSSL's reason text for EC_R_POINT_IS_NOT_ON_CURVE.
             if error.openSSLErrors.contains(where: { $0.hasSuffix(":point is not on curve") }) {
@@ -130,6 +133,19 @@ public final class ECPrivateKeyMaterial: Sendable {
     public convenience init(contentsOf path: String) throws(CryptoError) {
         let pem = try ECPrivateKeyMaterial.readSecretFile(path)
         try self.init(pem: pem)
+    }
+
+    /// Whether `bytes` are exactly one DER SEQUENCE (X.690 §8.1: tag 0x30,
+    /// then a short or a one- or two-byte long length that covers the rest):
+    /// a PKCS#8 or SEC1 key saved as binary DER instead of PEM.
+    static func isOneDERSequence(_ bytes: UnsafeRawBufferPointer) -> Bool {
+        guard bytes.count >= 2, bytes[0] == 0x30 else { return false }
+        switch bytes[1] {
+        case 0..<0x80: return bytes.count == Int(bytes[1]) + 2
+        case 0x81: return bytes.count >= 3 && bytes.count == Int(bytes[2]) + 3
+        case 0x82: return bytes.count >= 4 && bytes.count == (Int(bytes[2]) << 8 | Int(bytes[3])) + 4
+        default: return false
+        }
     }
 
     /// Whether `d` lies in [1, n − 1] for P-256's group order n.

@@ -253,7 +253,7 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     }
     switch outcome {
     case .initialized(let serial): print("initialized token \(label) (serial \(serial))")
-    case .alreadyInitialized(let serial): print("token \(label) already initialized (serial \(serial)); left unchanged")
+    case .alreadyInitialized(let serial): print("token \(label) already initialized (serial \(serial)); left unchanged, and its PINs were not checked against the PIN files")
     case .userPINSet(let serial): print("token \(label) was initialized without a user PIN (serial \(serial)); set the user PIN")
     }
     // SoftHSM writes the token's files mode 0600 for root: the service's
@@ -337,7 +337,16 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     }
     let path = try arguments.positionals(1, "the key file (FILE.p8)")[0]
     // A file that is not there is the problem to name, not the key ID its name lacks.
-    try ECPrivateKeyMaterial.checkFileOpens(path)
+    do {
+        try ECPrivateKeyMaterial.checkFileOpens(path)
+    } catch {
+        var info = stat()
+        guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, access(path, R_OK) != 0 else { throw error }
+        var failure = CommandFailure(.dataError, error.description,
+                                     hint: "this user (uid \(geteuid())) may not read \(path) (owner uid \(info.st_uid), mode \(String(info.st_mode & 0o7777, radix: 8))): run signctl as the file's owner or as root")
+        failure.errorCode = error.code.rawValue
+        throw failure
+    }
     let nameKeyID = ECPrivateKeyMaterial.keyID(fromFileName: path)
     guard let keyID = arguments.options["key-id"] ?? nameKeyID else {
         throw UsageError("cannot tell the key ID from the file name \(path)", hint: "pass --key-id ID (10 characters A-Z0-9, as App Store Connect shows it)")

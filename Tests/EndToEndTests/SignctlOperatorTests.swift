@@ -1045,6 +1045,20 @@ struct SignctlHintTests {
         }
     }
 
+    /// The same for the key file of an import: it said "Permission denied" with no hint.
+    @Test("keys import of a key file this user may not read is 65 with a hint naming its owner and mode",
+          .enabled(if: getuid() == 0 && SignctlHintTests.unprivilegedCallerAvailable, "needs root with setpriv(1), to read another user's 0600 file as uid 65534"))
+    func keyFilePermissionDenied() throws {
+        let directory = TemporaryDirectory.make(prefix: "signerd-key-denied")
+        chmod(directory, 0o755)
+        let key = directory + "/AuthKey_DENIED0001.p8"
+        try writeSecretFile(key, try String(contentsOfFile: try TestKeyFiles.make().pkcs8Apple, encoding: .utf8))
+        let denied = SignctlHintTests.runSignctlUnprivileged(["keys", "import", key])
+        #expect(denied.status == 65, "\(denied.stderr)")
+        #expect(denied.stderr.hasPrefix("error: key_file_unreadable: cannot open \(key): Permission denied"), "\(denied.stderr)")
+        #expect(denied.stderr.contains("hint: this user (uid 65534) may not read \(key) (owner uid 0, mode 600): run signctl as the file's owner or as root"), "\(denied.stderr)")
+    }
+
     @Test("verify says permission denied for a --public-key file this user may not read (65)",
           .enabled(if: getuid() == 0 && SignctlHintTests.unprivilegedCallerAvailable, "needs root with setpriv(1), to read another user's 0600 file as uid 65534"))
     func publicKeyPermissionDenied() throws {

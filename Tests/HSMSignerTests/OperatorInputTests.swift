@@ -121,6 +121,13 @@ struct OperatorKeyFileTests {
             (legacy, "the key file is encrypted ("),
             (offCurve, "the key's public point is not on the curve"),
         ]
+        // A key saved as binary DER (PKCS#8 and SEC1) is named as such, with the conversion.
+        for (index, der) in [try run(["openssl", "pkey", "-in", files.pkcs8Apple, "-outform", "DER"]), try run(["openssl", "ec", "-in", files.sec1, "-outform", "DER"])].enumerated() {
+            let path = directory + "/key\(index).der"
+            #expect(FileManager.default.createFile(atPath: path, contents: der))
+            let error = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: path) }
+            #expect(error?.message.hasPrefix("the key file is binary DER, not PEM: convert it with: openssl pkey -inform DER") == true, "\(error?.description ?? "no error")")
+        }
         for (path, headline) in cases {
             let error = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: path) }
             #expect(error?.code == .keyFileInvalid)
