@@ -331,9 +331,10 @@ public struct FieldReader {
                 // RFC 8259 §6 sets no range, but Foundation's parser refuses
                 // a number no Double holds: name the member that has it.
                 if let number = Self.numberBeyondDouble(in: body) {
-                    if let object = number.zeroedValue as? [String: Any] {
-                        try Self.refuseUnknown(Array(object.keys), path: "", allowed: allowed)
-                    }
+                    // Whatever else is wrong with the body (not an object, an
+                    // unknown or repeated member, an inexact number) is said
+                    // as it would be without that number.
+                    _ = try FieldReader(json: number.zeroed, allowed: allowed, exactNumbers: exactNumbers)
                     let place = number.path.isEmpty ? "the value" : number.path
                     throw APIError(.invalidField, "\(place) is \(number.text), beyond any number signerd reads (a JSON number must fit a 64-bit double, at most about 1.8e308 in size; "
                                    + "a number that is signed must be an integer from -9223372036854775808 to 9223372036854775807)", field: number.path.isEmpty ? nil : number.path)
@@ -386,30 +387,40 @@ public struct FieldReader {
         return repeated
     }
 
-    /// The first number in `body` that no `Double` holds (`1e309`, an
-    /// integer of 309 digits), and where it sits as the API names fields
+    /// The first number in `body` beyond what a `Double` holds (about
+    /// 1.8 × 10^308: `1e309`, an integer of 310 digits), and where it sits as the API names fields
     /// (`timestamp`, `request.items[0].price`), when such numbers are the
     /// only reason Foundation's parser refuses `body`: the text with each
     /// of them written as `0` parses. Read only after the parser refused
     /// the body, to name the field; nil for any other refusal.
     /// - Returns: the number as sent (shortened past 200 characters), its
-    ///   path, and the parsed text with those numbers written as `0` (so
-    ///   that unknown members are still named first).
-    static func numberBeyondDouble(in body: [UInt8]) -> (text: String, path: String, zeroedValue: Any)? {
+    ///   path, and the body with those numbers written as `0`, for the
+    ///   checks that come before a value's (an unknown member, a body that
+    ///   is not an object).
+    static func numberBeyondDouble(in body: [UInt8]) -> (text: String, path: String, zeroed: [UInt8])? {
         var position = ScanPosition()
         var found: [(range: Range<Int>, path: String)] = []
         JSONText.scanMemberNames(in: body) { event, raw in
             _ = position.follow(event, raw)
-            if case .number = event, Double(String(decoding: raw, as: UTF8.self))?.isFinite != true {
+            // Infinite, not nil: a malformed number (`1e`, `-`) is the parser's to refuse.
+            if case .number = event, Double(String(decoding: raw, as: UTF8.self))?.isInfinite == true {
                 found.append((raw.startIndex..<raw.endIndex, position.valuePath))
             }
             return true
         }
         guard let first = found.first else { return nil }
-        var zeroed = body
-        for number in found.reversed() { zeroed.replaceSubrange(number.range, with: [UInt8(ascii: "0")]) }
-        guard let parsed = try? JSONText.parse(zeroed, fragmentsAllowed: true) else { return nil }
-        return (JSONText.shortened(String(decoding: body[first.range], as: UTF8.self)), first.path, parsed.value)
+        // One pass, not a replaceSubrange per number: a large body of such numbers stays linear.
+        var zeroed: [UInt8] = []
+        zeroed.reserveCapacity(body.count)
+        var next = 0
+        for number in found {
+            zeroed += body[next..<number.range.lowerBound]
+            zeroed.append(UInt8(ascii: "0"))
+            next = number.range.upperBound
+        }
+        zeroed += body[next...]
+        guard (try? JSONText.parse(zeroed, fragmentsAllowed: true)) != nil else { return nil }
+        return (JSONText.shortened(String(decoding: body[first.range], as: UTF8.self)), first.path, zeroed)
     }
 
     /// Where the numbers written with a fraction or an exponent sit in `body`.
