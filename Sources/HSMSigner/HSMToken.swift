@@ -916,13 +916,16 @@ public final class HSMToken: @unchecked Sendable {
     }
 
     /// Whether `rv` from `function` is what a key's objects answer while
-    /// another process replaces them: ``keyInFluxFailures`` from any call,
-    /// or `CKR_GENERAL_ERROR` from a call that reads the key's objects
+    /// another process replaces them: ``keyInFluxFailures`` from any call
+    /// that takes a key or object handle (not `C_Sign`, which takes none:
+    /// from it they mark the token down at once, as before), or
+    /// `CKR_GENERAL_ERROR` from a call that reads the key's objects
     /// (SoftHSM answers it when an object is destroyed while it reads the
-    /// object: `getECPrivateKey` under `C_SignInit`, attribute reads under
-    /// `C_GetAttributeValue` and the search).
+    /// object: `getECPrivateKey` under `C_SignInit`, then `C_Sign`,
+    /// attribute reads under `C_GetAttributeValue` and the search).
     static func keyInFlux(_ rv: PKCS11ReturnValue, at function: PKCS11Function?) -> Bool {
-        keyInFluxFailures.contains(rv) || (rv == .generalError && function.map(keyReadingFunctions.contains) == true)
+        if rv == .generalError { return function.map(keyReadingFunctions.contains) == true }
+        return keyInFluxFailures.contains(rv) && function != .sign
     }
 
     /// What a key's objects answer while another process replaces them:
@@ -936,7 +939,7 @@ public final class HSMToken: @unchecked Sendable {
     /// The calls that read a key's objects, where a replacement in another
     /// process can surface as `CKR_GENERAL_ERROR`.
     static let keyReadingFunctions: Set<PKCS11Function> = [
-        .findObjectsInit, .findObjects, .getAttributeValue, .signInit, .sign,
+        .findObjectsInit, .findObjects, .findObjectsFinal, .getAttributeValue, .signInit, .sign,
     ]
 
     /// A failure ``keyInFlux(_:)`` counted as a replacement, after the wait

@@ -115,6 +115,7 @@ struct SessionFaultTests {
         setup.faults.inject(function, .generalError, count: persisting ? nil : 1)
         if persisting {
             let error = #expect(throws: HSMError.self) { try Self.signAndVerify(setup) }
+            #expect(error?.code == .tokenUnavailable)
             #expect(error?.returnValue == .generalError)
             #expect(setup.hsm.status == .down(reason: "CKR_GENERAL_ERROR"))
             setup.faults.clear()
@@ -146,6 +147,24 @@ struct SessionFaultTests {
             #expect(setup.hsm.status == .up)
             #expect(setup.faults.calls(.findObjectsInit) >= searches + 2, "looked up again after the failure")
         }
+    }
+
+    /// C_Sign takes no key handle: a handle failure from it is not a key
+    /// being replaced, and marks the token down at once (only C_SignInit's
+    /// and the look-up's are waited out).
+    @Test("CKR_KEY_HANDLE_INVALID from C_Sign marks the token down at once, without waiting for a replacement")
+    func keyHandleInvalidFromSign() throws {
+        let setup = try Self.setUp("sign-key-handle")
+        defer { setup.hsm.close() }
+        #expect(try Self.signAndVerify(setup))
+        let searches = setup.faults.calls(.findObjectsInit)
+        setup.faults.inject(.sign, .keyHandleInvalid, count: nil)
+        let error = #expect(throws: HSMError.self) { try Self.signAndVerify(setup) }
+        #expect(error?.code == .tokenUnavailable)
+        #expect(error?.returnValue == .keyHandleInvalid)
+        #expect(setup.hsm.status == .down(reason: "CKR_KEY_HANDLE_INVALID"))
+        #expect(setup.faults.calls(.findObjectsInit) == searches, "no look-up: C_Sign's failure is not waited out")
+        setup.faults.clear()
     }
 
     @Test("CKR_PIN_INCORRECT at open: exactly one C_Login and a named error")
