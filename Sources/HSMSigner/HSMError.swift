@@ -133,9 +133,23 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         // "token=t1 key=K" after "import it with signctl keys import" read as
         // part of the command.
         var context: [String] = []
-        if let tokenLabel, !message.contains("token \(tokenLabel)") { context.append("token \(tokenLabel)") }
-        if let keyID, !message.contains(keyID) { context.append("key \(keyID)") }
+        if let tokenLabel, !Self.names(message, "token \(tokenLabel)") { context.append("token \(tokenLabel)") }
+        if let keyID, !Self.names(message, keyID) { context.append("key \(keyID)") }
         return "\(code): \(message)" + (context.isEmpty ? "" : " — \(context.joined(separator: ", "))")
+    }
+
+    /// Whether `text` holds `words` as words of their own: not followed by
+    /// a letter or digit ("token t1" is not named by "token t10"), nor
+    /// preceded by one.
+    private static func names(_ text: String, _ words: String) -> Bool {
+        var searched = text.startIndex..<text.endIndex
+        while let found = text.range(of: words, range: searched) {
+            let before = found.lowerBound == text.startIndex ? nil : text[text.index(before: found.lowerBound)]
+            let after = found.upperBound == text.endIndex ? nil : text[found.upperBound]
+            if !(before?.isLetter ?? false || before?.isNumber ?? false), !(after?.isLetter ?? false || after?.isNumber ?? false) { return true }
+            searched = found.upperBound..<text.endIndex
+        }
+        return false
     }
 }
 

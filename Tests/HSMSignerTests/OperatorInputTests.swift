@@ -215,6 +215,12 @@ struct OperatorKeyFileTests {
         error.keyID = nil
         #expect(error.description.hasSuffix("CKR_DEVICE_ERROR — token t1"))
         #expect(!error.description.contains("token="))
+        // Named only as whole words: token t10 is not token t1, nor a file name holding the key ID the key ID.
+        error.message = "token t10 is not the one meant; see /tmp/AuthKey_NOPE000001X.p8"
+        error.keyID = "NOPE000001"
+        #expect(error.description.hasSuffix(" — token t1, key NOPE000001"), "\(error.description)")
+        error.message = "key NOPE000001 is missing (token t1)"
+        #expect(error.description == "key_not_found: key NOPE000001 is missing (token t1)", "\(error.description)")
     }
 
     @Test("a secp256k1 key is refused naming secp256k1")
