@@ -1,4 +1,5 @@
 import Foundation
+import HSMSigner
 
 #if canImport(Glibc)
 import Glibc
@@ -31,59 +32,100 @@ public enum SoftHSMFiles {
         return line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
     }
 
-    /// What ``lockTokenDirectory(module:timeout:waiting:)`` found.
-    public enum DirectoryLock: Equatable, Sendable {
-        /// Held by this process until it exits.
-        case held
-        /// Nothing to lock: the module is not SoftHSM, or its token
-        /// directory cannot be opened by this user (the command then fails
-        /// or succeeds on its own).
-        case notApplicable
-        /// Another process held it for the whole timeout.
-        case timedOut(directory: String)
+    /// An exclusive `flock(2)` on SoftHSM's token lock file, released when
+    /// this object is released (or the process exits).
+    public final class TokenLock: Sendable {
+        private let descriptor: Int32
+
+        fileprivate init(descriptor: Int32) {
+            self.descriptor = descriptor
+        }
+
+        deinit {
+            close(descriptor)
+        }
     }
 
-    /// The descriptor whose lock ``lockTokenDirectory(module:timeout:waiting:)``
-    /// holds; open until the process exits, which releases the lock.
-    nonisolated(unsafe) private static var lockDescriptor: Int32 = -1
+    /// What ``lockTokens(in:timeout:waiting:)`` found.
+    public enum LockOutcome: Sendable {
+        /// Held until the ``TokenLock`` is released.
+        case held(TokenLock)
+        /// Nothing to lock: this user may not open (or create) the lock
+        /// file, so it cannot change the tokens either.
+        case notApplicable
+        /// Another process held it for the whole timeout.
+        /// - `holder`: "PID 1234 (signctl)" from /proc/locks, when found.
+        case timedOut(holder: String?)
+    }
 
-    /// Takes an exclusive `flock(2)` on SoftHSM's token directory and holds
-    /// it until this process exits, so that two `signctl` commands never
-    /// work on the same SoftHSM tokens at once. SoftHSM rewrites a token's
-    /// files at `C_Login` and at every write; another process reading them
-    /// meanwhile saw the token uninitialized, objects gone, or `C_Login`
-    /// fail with `CKR_GENERAL_ERROR`. signerd does not take the lock: it
-    /// waits out a key another process is replacing instead, and must not
-    /// stop signing while an operator's command runs. The lock is advisory
-    /// and taken on the directory itself (opened read-only), so a user who
-    /// may only read the tokens can take it; SoftHSM's own `fcntl` locks
-    /// are separate from it.
+    /// The lock file in a SoftHSM token directory. SoftHSM takes only the
+    /// directories in it for tokens, and ignores files.
+    public static let lockFileName = ".signctl.lock"
+
+    /// Takes an exclusive `flock(2)` on ``lockFileName`` in SoftHSM's token
+    /// directory, so that two `signctl` commands never work on the same
+    /// SoftHSM tokens at once. SoftHSM rewrites a token's files at `C_Login`
+    /// and at every write; another process reading them meanwhile saw the
+    /// token uninitialized, objects gone, or `C_Login` fail with
+    /// `CKR_GENERAL_ERROR`. signerd does not take the lock: it waits out a
+    /// key another process is replacing instead, and must not stop signing
+    /// while an operator's command runs.
+    ///
+    /// The file is created mode 0600, owned by the directory's owner: only
+    /// who may write the tokens (that user, root) can open it, so a user who
+    /// may only read them cannot hold the lock to stop others (such a user
+    /// goes on without it). SoftHSM's own `fcntl` locks are separate.
     /// - Parameters:
-    ///   - module: `module-path` or `module-name` of the token URI.
+    ///   - directory: the token directory (``tokenDirectory(module:)``).
     ///   - timeout: how long to wait for another holder, in seconds.
-    ///   - waiting: called once when the lock is busy, before the wait.
-    /// - Returns: what was done.
-    public static func lockTokenDirectory(module: String?, timeout: Double, waiting: () -> Void) -> DirectoryLock {
-        guard lockDescriptor < 0 else { return .held }
-        guard let directory = tokenDirectory(module: module) else { return .notApplicable }
-        let descriptor = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    ///   - waiting: called once, with the holder when known, when the lock
+    ///     is busy, before the wait.
+    /// - Returns: the lock, or why there is none.
+    public static func lockTokens(in directory: String, timeout: Double, waiting: (String?) -> Void) -> LockOutcome {
+        let path = directory + "/" + lockFileName
+        let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
         guard descriptor >= 0 else { return .notApplicable }
+        var file = stat()
+        var owner = stat()
+        if geteuid() == 0, fstat(descriptor, &file) == 0, stat(directory, &owner) == 0, file.st_uid != owner.st_uid {
+            // Made by root in another user's directory: that user's signctl must be able to open it too.
+            _ = fchown(descriptor, owner.st_uid, owner.st_gid)
+        }
+        let deadline = MonotonicClock.deadline(after: timeout)
         var waited = false
-        let deadline = Date().addingTimeInterval(timeout)
-        while flock(descriptor, LOCK_EX | LOCK_NB) != 0 {
-            guard errno == EWOULDBLOCK || errno == EINTR, Date() < deadline else {
-                let busy = errno == EWOULDBLOCK
+        while true {
+            if flock(descriptor, LOCK_EX | LOCK_NB) == 0 { return .held(TokenLock(descriptor: descriptor)) }
+            let failure = errno
+            guard failure == EWOULDBLOCK || failure == EINTR else {
                 close(descriptor)
-                return busy ? .timedOut(directory: directory) : .notApplicable
+                return .notApplicable
+            }
+            guard MonotonicClock.now() < deadline else {
+                let holder = lockHolder(descriptor)
+                close(descriptor)
+                return .timedOut(holder: holder)
             }
             if !waited {
                 waited = true
-                waiting()
+                waiting(lockHolder(descriptor))
             }
             usleep(20_000)
         }
-        lockDescriptor = descriptor
-        return .held
+    }
+
+    /// The process holding a `flock` on the file open as `descriptor`, as
+    /// "PID 1234 (signctl)", from /proc/locks (proc(5): `FLOCK … PID
+    /// MAJOR:MINOR:INODE`); nil when it cannot be told.
+    static func lockHolder(_ descriptor: Int32) -> String? {
+        var info = stat()
+        guard fstat(descriptor, &info) == 0, let table = try? String(contentsOfFile: "/proc/locks", encoding: .utf8) else { return nil }
+        for line in table.split(separator: "\n") {
+            let fields = line.split(separator: " ", omittingEmptySubsequences: true)
+            guard fields.count >= 6, fields[1] == "FLOCK", fields[5].hasSuffix(":\(info.st_ino)"), let pid = Int32(fields[4]) else { continue }
+            let command = (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+            return "PID \(pid)" + (command.map { " (\($0))" } ?? "")
+        }
+        return nil
     }
 
     /// The largest `token.object` under `tokenDirectory` and its size in

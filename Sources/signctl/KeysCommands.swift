@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import HSMSigner
 import SignerIPC
 
@@ -197,18 +198,26 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
 }
 
 /// Waits for any other signctl working on the same SoftHSM tokens
-/// (``SoftHSMFiles/lockTokenDirectory(module:timeout:waiting:)``), saying
-/// so on stderr, for up to ``tokenLockSeconds``.
+/// (``SoftHSMFiles/lockTokens(in:timeout:waiting:)``), saying so on
+/// stderr, for up to ``tokenLockSeconds``; the lock is then held until
+/// signctl exits. Nothing for a module that is not SoftHSM.
 /// - Throws: ``CommandFailure`` (75, try again) when the wait runs out.
 func lockSoftHSMTokens(module: String?) throws {
-    let lock = SoftHSMFiles.lockTokenDirectory(module: module, timeout: tokenLockSeconds) {
-        FileHandle.standardError.write(Data("waiting for another signctl that is using the SoftHSM tokens in \(SoftHSMFiles.tokenDirectory(module: module) ?? "its token directory")\n".utf8))
+    guard heldTokenLock.withLock({ $0 == nil }), let directory = SoftHSMFiles.tokenDirectory(module: module) else { return }
+    let outcome = SoftHSMFiles.lockTokens(in: directory, timeout: tokenLockSeconds) { holder in
+        FileHandle.standardError.write(Data("waiting: another process\(holder.map { " (\($0))" } ?? "") holds the lock on the SoftHSM tokens in \(directory)\n".utf8))
     }
-    if case .timedOut(let directory) = lock {
-        throw CommandFailure(.tempFail, "another process has held the lock on \(directory) for \(Int(tokenLockSeconds)) s (signctl takes it so that two commands never rewrite SoftHSM's token files at once)",
-                             hint: "let the other signctl finish (ps -C signctl), then run this command again")
+    switch outcome {
+    case .held(let lock): heldTokenLock.withLock { $0 = lock }
+    case .notApplicable: break
+    case .timedOut(let holder):
+        throw CommandFailure(.tempFail, "another process\(holder.map { " (\($0))" } ?? "") has held the lock on the SoftHSM tokens in \(directory) for \(Int(tokenLockSeconds)) s (signctl takes it so that two commands never rewrite SoftHSM's token files at once)",
+                             hint: "let that process finish (signctl bench --direct holds it for its whole run), then run this command again")
     }
 }
+
+/// The SoftHSM token lock this signctl holds, kept until it exits.
+let heldTokenLock = Mutex<SoftHSMFiles.TokenLock?>(nil)
 
 /// How long signctl waits for another signctl using the same SoftHSM tokens, in seconds.
 let tokenLockSeconds = 60.0

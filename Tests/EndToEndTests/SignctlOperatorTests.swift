@@ -11,6 +11,12 @@ func runSignctl(_ arguments: [String], environment extra: [String: String] = [:]
     runProgram(Binaries.signctl, arguments, environment: extra)
 }
 
+/// The token directories in SoftHSM's `tokens` directory: not signctl's
+/// lock file (``SoftHSMFiles/lockFileName``), which SoftHSM ignores too.
+func softHSMTokenDirectories(_ tokens: String) throws -> [String] {
+    try FileManager.default.contentsOfDirectory(atPath: tokens).filter { $0 != SoftHSMFiles.lockFileName }.sorted()
+}
+
 /// Runs `executable` with `environment` added to this process's, never throwing.
 /// - Returns: the exit status, stdout and stderr.
 func runProgram(_ executable: String, _ arguments: [String], environment extra: [String: String] = [:]) -> (status: Int32, stdout: String, stderr: String) {
@@ -322,6 +328,20 @@ struct SignctlCosmeticsTests {
         let listed = runSignctl(["--config", config, "keys", "list", "--json"])
         let keys = try #require(try? JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) as? [[String: Any]], "\(listed.stdout)")
         #expect(keys.count == 1 && keys.first?["key_id"] as? String == "RACEKEY001", "\(listed.stdout)")
+    }
+
+    @Test("a signctl that finds the SoftHSM token lock held says who holds it, waits, and goes on once it is free")
+    func waitsForTheLock() throws {
+        let (_, config) = try tokenConfig("lock-wait")
+        let directory = try #require(SoftHSMFiles.tokenDirectory(module: "/usr/lib/softhsm/libsofthsm2.so"))
+        let holder = open(directory + "/" + SoftHSMFiles.lockFileName, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        try #require(holder >= 0 && flock(holder, LOCK_EX) == 0)
+        let released = Thread { usleep(1_500_000); close(holder) }
+        released.start()
+        let listed = runSignctl(["--config", config, "keys", "list"])
+        #expect(listed.status == 0, "\(listed.stderr)")
+        #expect(listed.stderr.hasPrefix("waiting: another process (PID \(getpid())"), "\(listed.stderr)")
+        #expect(listed.stderr.contains("holds the lock on the SoftHSM tokens in \(directory)"), "\(listed.stderr)")
     }
 
     /// A key file with a certificate or other text around the key imported without a word.
@@ -765,7 +785,7 @@ struct SignctlHintTests {
         }
         let list = runSignctl(["--config", config, "keys", "list"], environment: hsm.environment)
         #expect(list.status == 0 && list.stdout.contains("OWNED00001") && !list.stdout.contains("OWNED00002"), "\(list.stdout)\(list.stderr)")
-        #expect((try FileManager.default.contentsOfDirectory(atPath: tokens)).count == 1, "token init made no token as root")
+        #expect(try softHSMTokenDirectories(tokens).count == 1, "token init made no token as root")
     }
 
     /// `token init` as root makes files only root can read; SoftHSM run as
@@ -780,7 +800,7 @@ struct SignctlHintTests {
         // The user nobody may reach every file but root's token itself.
         #expect(chmod(hsm.directory, 0o755) == 0 && chmod(hsm.directory + "/tokens", 0o755) == 0)
         #expect(chmod(config, 0o644) == 0 && chmod(hsm.directory + "/softhsm2.conf", 0o644) == 0 && chown(pin, 65534, 65534) == 0)
-        let tokenDirectory = try #require(try FileManager.default.contentsOfDirectory(atPath: hsm.directory + "/tokens").first)
+        let tokenDirectory = try #require(try softHSMTokenDirectories(hsm.directory + "/tokens").first)
         let asNobody = ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/env", "SOFTHSM2_CONF=\(hsm.directory)/softhsm2.conf"]
         let expected = "cannot be read by this user (nobody), and SoftHSM shows it as uninitialized: \(hsm.directory)/tokens/\(tokenDirectory) (owner root"
         let list = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signctl, "--config", config, "keys", "list"])
@@ -1103,7 +1123,7 @@ struct SignctlHintTests {
             path = (path as NSString).deletingLastPathComponent
         }
         _ = runProgram("/bin/chown", ["-R", "65534:65534", hsm.directory])
-        let tokenDirectory = try #require(try FileManager.default.contentsOfDirectory(atPath: hsm.directory + "/tokens").first)
+        let tokenDirectory = try #require(try softHSMTokenDirectories(hsm.directory + "/tokens").first)
         chmod(hsm.directory + "/tokens/" + tokenDirectory, 0o500)
         let refused = runProgram("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", "--", "/usr/bin/env", "SOFTHSM2_CONF=\(hsm.directory)/softhsm2.conf",
                                                       Binaries.signctl, "--config", config, "keys", "delete", "READONLY01", "--yes"])
