@@ -90,6 +90,8 @@ struct ConnectionLimitTests {
             _ = poll(seconds: 5) { answer = (try? firstAnswer(path)) ?? ""; return !answer.isEmpty }
             #expect(answer.hasPrefix("HTTP/1.1 429 Too Many Requests"), "\(answer)")
             #expect(answer.contains("max_connections_per_uid"))
+            // Written on the socket, not by libmicrohttpd: RFC 9110 §6.6.1 still wants a Date.
+            #expect(answer.range(of: #"\r\nDate: [A-Z][a-z]{2}, \d\d [A-Z][a-z]{2} \d{4} \d\d:\d\d:\d\d GMT\r\n"#, options: .regularExpression) != nil, "\(answer)")
         }
     }
 
