@@ -51,6 +51,35 @@ package enum JSONText {
         return (value, structure.memberNames, structure.fractionalNumbers)
     }
 
+    /// Whether `raw` is one number as RFC 8259 §6 writes it:
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
+    /// - Parameter raw: the number's bytes.
+    package static func isNumber(_ raw: ArraySlice<UInt8>) -> Bool {
+        var index = raw.startIndex
+        func digits() -> Int {
+            let start = index
+            while index < raw.endIndex, (UInt8(ascii: "0")...UInt8(ascii: "9")).contains(raw[index]) { index += 1 }
+            return index - start
+        }
+        if index < raw.endIndex, raw[index] == UInt8(ascii: "-") { index += 1 }
+        guard index < raw.endIndex else { return false }
+        if raw[index] == UInt8(ascii: "0") {
+            index += 1
+        } else if digits() == 0 {
+            return false
+        }
+        if index < raw.endIndex, raw[index] == UInt8(ascii: ".") {
+            index += 1
+            guard digits() > 0 else { return false }
+        }
+        if index < raw.endIndex, raw[index] == UInt8(ascii: "e") || raw[index] == UInt8(ascii: "E") {
+            index += 1
+            if index < raw.endIndex, raw[index] == UInt8(ascii: "+") || raw[index] == UInt8(ascii: "-") { index += 1 }
+            guard digits() > 0 else { return false }
+        }
+        return index == raw.endIndex
+    }
+
     /// The first `\uXXXX` escape inside a string of `body` that is half of
     /// a UTF-16 surrogate pair with no other half (RFC 8259 §7): a high
     /// surrogate (`D800`–`DBFF`) not followed at once by a low one

@@ -399,12 +399,16 @@ public struct FieldReader {
     ///   is not an object).
     static func numberBeyondDouble(in body: [UInt8]) -> (text: String, path: String, zeroed: [UInt8])? {
         var position = ScanPosition()
-        var found: [(range: Range<Int>, path: String)] = []
+        var found: [Range<Int>] = []
+        var firstPath = ""
         JSONText.scanMemberNames(in: body) { event, raw in
             _ = position.follow(event, raw)
-            // Infinite, not nil: a malformed number (`1e`, `-`) is the parser's to refuse.
-            if case .number = event, Double(String(decoding: raw, as: UTF8.self))?.isInfinite == true {
-                found.append((raw.startIndex..<raw.endIndex, position.valuePath))
+            // Infinite, and a JSON number (RFC 8259 §6): a malformed one
+            // (`1e`, `01e999`, `.5e999`) is the parser's to refuse.
+            if case .number = event, JSONText.isNumber(raw), Double(String(decoding: raw, as: UTF8.self))?.isInfinite == true {
+                // Only the first one's path is named: building each would cost the nesting depth per number.
+                if found.isEmpty { firstPath = position.valuePath }
+                found.append(raw.startIndex..<raw.endIndex)
             }
             return true
         }
@@ -414,13 +418,13 @@ public struct FieldReader {
         zeroed.reserveCapacity(body.count)
         var next = 0
         for number in found {
-            zeroed += body[next..<number.range.lowerBound]
+            zeroed += body[next..<number.lowerBound]
             zeroed.append(UInt8(ascii: "0"))
-            next = number.range.upperBound
+            next = number.upperBound
         }
         zeroed += body[next...]
         guard (try? JSONText.parse(zeroed, fragmentsAllowed: true)) != nil else { return nil }
-        return (JSONText.shortened(String(decoding: body[first.range], as: UTF8.self)), first.path, zeroed)
+        return (JSONText.shortened(String(decoding: body[first], as: UTF8.self)), firstPath, zeroed)
     }
 
     /// Where the numbers written with a fraction or an exponent sit in `body`.

@@ -120,6 +120,11 @@ struct RepeatedMemberTests {
         (#"{"product_id":-}"#, .invalidJSON, nil, nil),
         (#"{"product_id":1e+}"#, .invalidJSON, nil, nil),
         (#"{"product_id":--1}"#, .invalidJSON, nil, nil),
+        (#"{"product_id":01e999}"#, .invalidJSON, nil, nil),
+        (#"{"product_id":1.e999}"#, .invalidJSON, nil, nil),
+        (#"{"product_id":-.5e999}"#, .invalidJSON, nil, nil),
+        // Deeply nested: refused for its depth, quickly (a path per number cost the depth each).
+        (#"{"product_id":"# + String(repeating: "[", count: 16_000) + Array(repeating: "1e999", count: 5_000).joined(separator: ",") + String(repeating: "]", count: 16_000) + "}", .invalidJSON, nil, nil),
         // An unknown member, a body that is not an object, a repeated member: the error they get without the number.
         (#"{"product_id":1e309,"productId":"p"}"#, .unknownField, "productId", nil),
         (#"[1e309]"#, .invalidJSON, nil, nil),
