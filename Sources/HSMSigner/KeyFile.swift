@@ -140,12 +140,17 @@ public final class ECPrivateKeyMaterial: Sendable {
     /// a PKCS#8 or SEC1 key saved as binary DER instead of PEM.
     static func isOneDERSequence(_ bytes: UnsafeRawBufferPointer) -> Bool {
         guard bytes.count >= 2, bytes[0] == 0x30 else { return false }
+        // An editor or `echo` may have added a line end after the DER.
+        var count = bytes.count
+        while count > 2, bytes[count - 1] == 0x0a || bytes[count - 1] == 0x0d { count -= 1 }
+        let length: Int
         switch bytes[1] {
-        case 0..<0x80: return bytes.count == Int(bytes[1]) + 2
-        case 0x81: return bytes.count >= 3 && bytes.count == Int(bytes[2]) + 3
-        case 0x82: return bytes.count >= 4 && bytes.count == (Int(bytes[2]) << 8 | Int(bytes[3])) + 4
+        case 0..<0x80: length = Int(bytes[1]) + 2
+        case 0x81 where bytes.count >= 3: length = Int(bytes[2]) + 3
+        case 0x82 where bytes.count >= 4: length = (Int(bytes[2]) << 8 | Int(bytes[3])) + 4
         default: return false
         }
+        return length == count || length == bytes.count
     }
 
     /// Whether `d` lies in [1, n − 1] for P-256's group order n.
@@ -158,10 +163,12 @@ public final class ECPrivateKeyMaterial: Sendable {
     }
 
     /// `pem` with every line end (CRLF, or CR alone as old Mac editors
-    /// write) made LF and each line's leading spaces and tabs removed: the
-    /// layout OpenSSL's PEM reader needs, which a key pasted from an e-mail
-    /// or indented in a YAML file has lost. Base64 and the PEM lines hold
-    /// no blanks at the start, so nothing of the key changes.
+    /// write) made LF, each line's leading spaces and tabs removed, and
+    /// empty lines dropped (CR CR LF, a file converted twice): the layout
+    /// OpenSSL's PEM reader needs, which a key pasted from an e-mail or
+    /// indented in a YAML file has lost. Base64 and the PEM lines hold no
+    /// blanks at the start, and a PEM block no empty line, so nothing of
+    /// the key changes.
     static func normalizedLayout(_ pem: SecureBytes) -> SecureBytes {
         pem.withUnsafeBytes { bytes in
             SecureBytes(capacity: bytes.count) { out in
@@ -175,7 +182,7 @@ public final class ECPrivateKeyMaterial: Sendable {
                         byte = 0x0a
                         if index < bytes.count, bytes[index] == 0x0a { index += 1 }
                     }
-                    if lineStart, byte == 0x20 || byte == 0x09 { continue }
+                    if lineStart, byte == 0x20 || byte == 0x09 || byte == 0x0a { continue }
                     out[written] = byte
                     written += 1
                     lineStart = byte == 0x0a

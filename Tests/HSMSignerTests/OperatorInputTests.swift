@@ -122,7 +122,8 @@ struct OperatorKeyFileTests {
             (offCurve, "the key's public point is not on the curve"),
         ]
         // A key saved as binary DER (PKCS#8 and SEC1) is named as such, with the conversion.
-        for (index, der) in [try run(["openssl", "pkey", "-in", files.pkcs8Apple, "-outform", "DER"]), try run(["openssl", "ec", "-in", files.sec1, "-outform", "DER"])].enumerated() {
+        let pkcs8DER = try run(["openssl", "pkey", "-in", files.pkcs8Apple, "-outform", "DER"])
+        for (index, der) in [pkcs8DER, try run(["openssl", "ec", "-in", files.sec1, "-outform", "DER"]), pkcs8DER + Data("\n".utf8)].enumerated() {
             let path = directory + "/key\(index).der"
             #expect(FileManager.default.createFile(atPath: path, contents: der))
             let error = #expect(throws: CryptoError.self) { try ECPrivateKeyMaterial(contentsOf: path) }
@@ -145,12 +146,15 @@ struct OperatorKeyFileTests {
         for source in [files.pkcs8Apple, files.sec1, files.pkcs8NoPublicKey] {
             let text = try String(contentsOfFile: source, encoding: .utf8)
             let lines = text.split(separator: "\n").map(String.init)
-            let variants = [
+            let variants: [String] = [
                 "   " + text,
                 lines.map { "    " + $0 }.joined(separator: "\n") + "\n",
                 lines.map { "\t" + $0 }.joined(separator: "\r\n"),
                 lines.joined(separator: "\r") + "\r",
-                lines.map { " \t " + $0 + "  " }.joined(separator: "\r") ,
+                lines.map { " \t " + $0 + "  " }.joined(separator: "\r"),
+                lines.joined(separator: "\r\r\n") + "\r\r\n",  // CRLF converted to CRLF again
+                lines.joined(separator: "\n\r") + "\n\r",
+                lines.joined(separator: "\n  \t\n"),  // a line of blanks between every two
             ]
             for (index, variant) in variants.enumerated() {
                 let material = try ECPrivateKeyMaterial(contentsOf: Self.write("layout\(index).p8", variant))
