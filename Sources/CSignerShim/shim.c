@@ -152,6 +152,10 @@ int CSignerShim_hold_termination_signals(void) {
     return 0;
 }
 
+int CSignerShim_held_termination_signal(void) {
+    return held_signal;
+}
+
 int CSignerShim_release_termination_signals(void) {
     if (hold_depth == 0 || --hold_depth > 0) {
         return 0;  // an inner hold: the outer one releases

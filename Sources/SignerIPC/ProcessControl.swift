@@ -115,6 +115,11 @@ public enum ProcessControl {
         return try body()
     }
 
+    /// The signal ``holdingTerminationSignals(_:)`` has taken and will
+    /// raise when its body returns, or 0: a body that has not started its
+    /// write yet (waiting for a lock) can stop at once.
+    public static var heldTerminationSignal: Int32 { CSignerShim_held_termination_signal() }
+
     /// Blocks `signals` in the calling thread and every thread it starts
     /// afterwards, so that only ``waitForSignal(_:)`` receives them. Ignores
     /// `SIGPIPE`, and `SIGUSR1` and `SIGUSR2`, which signerd has no use for

@@ -50,12 +50,15 @@ public enum SoftHSMFiles {
     public enum LockOutcome: Sendable {
         /// Held until the ``TokenLock`` is released.
         case held(TokenLock)
-        /// Nothing to lock: this user may not open (or create) the lock
-        /// file, so it cannot change the tokens either.
-        case notApplicable
+        /// Not locked: this user may not open (or create) the lock file,
+        /// so it cannot change the tokens either (`problem` nil); or the
+        /// lock file is not a plain file (`problem` says what it is).
+        case notApplicable(problem: String?)
         /// Another process held it for the whole timeout.
         /// - `holder`: "PID 1234 (signctl)" from /proc/locks, when found.
         case timedOut(holder: String?)
+        /// `shouldStop` said to stop before the lock was free.
+        case stopped
     }
 
     /// The lock file in a SoftHSM token directory. SoftHSM takes only the
@@ -71,25 +74,45 @@ public enum SoftHSMFiles {
     /// key another process is replacing instead, and must not stop signing
     /// while an operator's command runs.
     ///
-    /// The file is created mode 0600, owned by the directory's owner: only
-    /// who may write the tokens (that user, root) can open it, so a user who
-    /// may only read them cannot hold the lock to stop others (such a user
-    /// goes on without it). SoftHSM's own `fcntl` locks are separate.
+    /// The file has the token directory's owner and group and mode 0660:
+    /// only who may write the tokens (that user, that group as in Debian's
+    /// `root:softhsm 2770`, root) can open it, so a user who may only read
+    /// them cannot hold the lock to stop others (such a user goes on
+    /// without it). Its owner (or root) sets that mode and ownership again
+    /// on every take. SoftHSM's own `fcntl` locks are separate.
     /// - Parameters:
     ///   - directory: the token directory (``tokenDirectory(module:)``).
     ///   - timeout: how long to wait for another holder, in seconds.
+    ///   - shouldStop: asked while waiting; true gives up (a Ctrl-C).
     ///   - waiting: called once, with the holder when known, when the lock
     ///     is busy, before the wait.
     /// - Returns: the lock, or why there is none.
-    public static func lockTokens(in directory: String, timeout: Double, waiting: (String?) -> Void) -> LockOutcome {
+    public static func lockTokens(in directory: String, timeout: Double, shouldStop: () -> Bool = { false }, waiting: (String?) -> Void) -> LockOutcome {
         let path = directory + "/" + lockFileName
-        let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0o600)
-        guard descriptor >= 0 else { return .notApplicable }
+        let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0o660)
+        guard descriptor >= 0 else {
+            let failure = errno
+            switch failure {
+            case ELOOP: return .notApplicable(problem: "\(path) is a symbolic link")
+            case EISDIR: return .notApplicable(problem: "\(path) is a directory")
+            default: return .notApplicable(problem: nil)
+            }
+        }
         var file = stat()
         var owner = stat()
-        if geteuid() == 0, fstat(descriptor, &file) == 0, stat(directory, &owner) == 0, file.st_uid != owner.st_uid {
-            // Made by root in another user's directory: that user's signctl must be able to open it too.
-            _ = fchown(descriptor, owner.st_uid, owner.st_gid)
+        guard fstat(descriptor, &file) == 0, (file.st_mode & S_IFMT) == S_IFREG else {
+            close(descriptor)
+            return .notApplicable(problem: "\(path) is not a regular file")
+        }
+        if stat(directory, &owner) == 0, geteuid() == 0 || geteuid() == file.st_uid {
+            // Root's take in another user's directory, or a mode loosened by
+            // hand: the tokens' writers, and only they, may open it.
+            if geteuid() == 0, file.st_uid != owner.st_uid || file.st_gid != owner.st_gid {
+                _ = fchown(descriptor, owner.st_uid, owner.st_gid)
+            } else if file.st_gid != owner.st_gid {
+                _ = fchown(descriptor, uid_t.max, owner.st_gid)  // a member of the directory's group may
+            }
+            if file.st_mode & 0o7777 != 0o660 { _ = fchmod(descriptor, 0o660) }
         }
         let deadline = MonotonicClock.deadline(after: timeout)
         var waited = false
@@ -98,7 +121,11 @@ public enum SoftHSMFiles {
             let failure = errno
             guard failure == EWOULDBLOCK || failure == EINTR else {
                 close(descriptor)
-                return .notApplicable
+                return .notApplicable(problem: nil)
+            }
+            if shouldStop() {
+                close(descriptor)
+                return .stopped
             }
             guard MonotonicClock.now() < deadline else {
                 let holder = lockHolder(descriptor)

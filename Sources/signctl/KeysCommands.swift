@@ -204,12 +204,17 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
 /// - Throws: ``CommandFailure`` (75, try again) when the wait runs out.
 func lockSoftHSMTokens(module: String?) throws {
     guard heldTokenLock.withLock({ $0 == nil }), let directory = SoftHSMFiles.tokenDirectory(module: module) else { return }
-    let outcome = SoftHSMFiles.lockTokens(in: directory, timeout: tokenLockSeconds) { holder in
+    let outcome = SoftHSMFiles.lockTokens(in: directory, timeout: tokenLockSeconds, shouldStop: { ProcessControl.heldTerminationSignal != 0 }) { holder in
         FileHandle.standardError.write(Data("waiting: another process\(holder.map { " (\($0))" } ?? "") holds the lock on the SoftHSM tokens in \(directory)\n".utf8))
     }
     switch outcome {
     case .held(let lock): heldTokenLock.withLock { $0 = lock }
-    case .notApplicable: break
+    case .notApplicable(nil): break
+    case .notApplicable(let problem?):
+        FileHandle.standardError.write(Data("warning: going on without the SoftHSM token lock: \(problem); remove it, and signctl makes the lock file again\n".utf8))
+    case .stopped:
+        // The signal is raised again once the command returns; nothing was written.
+        throw CommandFailure(.tempFail, "stopped while waiting for the lock on the SoftHSM tokens in \(directory): nothing was changed")
     case .timedOut(let holder):
         throw CommandFailure(.tempFail, "another process\(holder.map { " (\($0))" } ?? "") has held the lock on the SoftHSM tokens in \(directory) for \(Int(tokenLockSeconds)) s (signctl takes it so that two commands never rewrite SoftHSM's token files at once)",
                              hint: "let that process finish (signctl bench --direct holds it for its whole run), then run this command again")

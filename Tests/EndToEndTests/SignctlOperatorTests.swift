@@ -330,18 +330,43 @@ struct SignctlCosmeticsTests {
         #expect(keys.count == 1 && keys.first?["key_id"] as? String == "RACEKEY001", "\(listed.stdout)")
     }
 
+    /// Takes signctl's SoftHSM token lock of the test tokens from this
+    /// process, as another signctl would; closing the descriptor frees it.
+    static func holdTokenLock() throws -> (directory: String, descriptor: Int32) {
+        let directory = try #require(SoftHSMFiles.tokenDirectory(module: "/usr/lib/softhsm/libsofthsm2.so"))
+        let descriptor = open(directory + "/" + SoftHSMFiles.lockFileName, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        try #require(descriptor >= 0 && flock(descriptor, LOCK_EX) == 0)
+        return (directory, descriptor)
+    }
+
     @Test("a signctl that finds the SoftHSM token lock held says who holds it, waits, and goes on once it is free")
     func waitsForTheLock() throws {
         let (_, config) = try tokenConfig("lock-wait")
-        let directory = try #require(SoftHSMFiles.tokenDirectory(module: "/usr/lib/softhsm/libsofthsm2.so"))
-        let holder = open(directory + "/" + SoftHSMFiles.lockFileName, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-        try #require(holder >= 0 && flock(holder, LOCK_EX) == 0)
+        let (directory, holder) = try Self.holdTokenLock()
         let released = Thread { usleep(1_500_000); close(holder) }
         released.start()
         let listed = runSignctl(["--config", config, "keys", "list"])
         #expect(listed.status == 0, "\(listed.stderr)")
         #expect(listed.stderr.hasPrefix("waiting: another process (PID \(getpid())"), "\(listed.stderr)")
         #expect(listed.stderr.contains("holds the lock on the SoftHSM tokens in \(directory)"), "\(listed.stderr)")
+    }
+
+    /// Ctrl-C while waiting for the lock was held like one during a write:
+    /// signctl waited for the lock, then imported, then died.
+    @Test("Ctrl-C while signctl waits for the SoftHSM token lock stops it at once, having changed nothing")
+    func interruptedWhileWaiting() throws {
+        let (token, config) = try tokenConfig("lock-interrupt")
+        let holder = try Self.holdTokenLock().descriptor
+        defer { close(holder) }
+        let files = try TestKeyFiles.make()
+        let started = MonotonicClock.now()
+        let (_, stderr) = try SignctlInterruptTests.interrupted(["--config", config, "keys", "import", "--key-id", "INTR000001", "--force-key-id", files.pkcs8Apple], after: 0.7)
+        let seconds = Double(MonotonicClock.now() - started) / 1e9
+        #expect(seconds < 5, "stopped \(seconds) s after it started, with the lock still held")
+        #expect(stderr.contains("stopped while waiting for the lock on the SoftHSM tokens") && stderr.contains("nothing was changed"), "\(stderr)")
+        let hsm = try inProcessToken(token)  // signerd's own code takes no lock
+        defer { hsm.close() }
+        #expect(throws: HSMError.self, "the key was imported") { try hsm.publicKey(keyID: "INTR000001") }
     }
 
     /// A key file with a certificate or other text around the key imported without a word.

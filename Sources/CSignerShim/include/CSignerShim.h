@@ -50,6 +50,10 @@ int CSignerShim_hold_termination_signals(void);
 /// signal's number, or 0.
 int CSignerShim_release_termination_signals(void);
 
+/// The signal a hold has taken and not yet raised again, or 0: a command
+/// still waiting to start its write can give up at once.
+int CSignerShim_held_termination_signal(void);
+
 /// A log callback receiving a formatted, NUL-terminated message.
 typedef void (*CSignerShim_log_callback)(void *context, const char *message);
 
