@@ -46,7 +46,7 @@ public enum SoftHSMFiles {
         }
     }
 
-    /// What ``lockTokens(in:timeout:waiting:)`` found.
+    /// What ``lockTokens(in:timeout:shouldStop:waiting:)`` found.
     public enum LockOutcome: Sendable {
         /// Held until the ``TokenLock`` is released.
         case held(TokenLock)

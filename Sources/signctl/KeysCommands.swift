@@ -198,7 +198,7 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
 }
 
 /// Waits for any other signctl working on the same SoftHSM tokens
-/// (``SoftHSMFiles/lockTokens(in:timeout:waiting:)``), saying so on
+/// (``SoftHSMFiles/lockTokens(in:timeout:shouldStop:waiting:)``), saying so on
 /// stderr, for up to ``tokenLockSeconds``; the lock is then held until
 /// signctl exits. Nothing for a module that is not SoftHSM.
 /// - Throws: ``CommandFailure`` (75, try again) when the wait runs out.
