@@ -188,6 +188,12 @@ public enum JSONValue: Sendable, Equatable, Codable {
             switch String(cString: number.objCType) {
             case "c", "B": self = .bool(number.boolValue)
             case _ where spellings?.isFractionalHere == true: self = .number(number.doubleValue)
+            case "d", "f" where spellings != nil && exact:
+                // Written as an integer (not fractional here), yet too long
+                // for NSDecimalNumber too (over about 165 digits): Foundation
+                // gave a Double. Say what was sent, not "a fraction or an exponent".
+                let digits = Int(log10(max(1, abs(number.doubleValue)))) + 1
+                throw JSONValue.inexact("an integer of \(digits) digits", path: path)
             case "d", "f": self = .number(number.doubleValue)
             case "Q", "L", "I", "S":
                 guard number.uint64Value <= UInt64(Int64.max) else {

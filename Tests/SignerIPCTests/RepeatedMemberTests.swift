@@ -93,6 +93,9 @@ struct RepeatedMemberTests {
         (#"{"request":{"p":9223372036854775808}}"#, "request.p"),
         (#"{"request":{"a":[1,{"p":-9223372036854775809}]}}"#, "request.a[1].p"),
         (#"{"request":{"p":12345678901234567890123}}"#, "request.p"),
+        // Too long for NSDecimalNumber as well: Foundation gives a Double, once described as "written with a fraction or an exponent (1e+166)".
+        ("{\"request\":{\"p\":1" + String(repeating: "0", count: 166) + "}}", "request.p"),
+        ("{\"request\":{\"p\":-9" + String(repeating: "9", count: 300) + "}}", "request.p"),
     ])
     func inexactNumbers(body: String, field: String) {
         do {
