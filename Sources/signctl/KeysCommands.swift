@@ -354,10 +354,8 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     do {
         try ECPrivateKeyMaterial.checkFileOpens(path)
     } catch {
-        var info = stat()
-        guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, access(path, R_OK) != 0 else { throw error }
-        var failure = CommandFailure(.dataError, error.description,
-                                     hint: "this user (uid \(geteuid())) may not read \(path) (owner uid \(info.st_uid), mode \(String(info.st_mode & 0o7777, radix: 8))): run signctl as the file's owner or as root")
+        guard let unreadable = unreadableFile(path) else { throw error }
+        var failure = CommandFailure(.dataError, error.description, hint: "\(unreadable): run signctl as the file's owner or as root")
         failure.errorCode = error.code.rawValue
         throw failure
     }

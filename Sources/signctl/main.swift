@@ -141,6 +141,14 @@ func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: St
     return (given ?? ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] ?? SignerConfiguration.defaultPath, rest)
 }
 
+/// "this user (uid U) may not read PATH (owner uid O, mode M)" for a
+/// regular file this user may not read, or nil: the start of a hint.
+func unreadableFile(_ path: String) -> String? {
+    var info = stat()
+    guard stat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFREG, access(path, R_OK) != 0 else { return nil }
+    return "this user (uid \(geteuid())) may not read \(path) (owner uid \(info.st_uid), mode \(String(info.st_mode & 0o7777, radix: 8)))"
+}
+
 func loadConfiguration(_ path: String) throws -> SignerConfiguration {
     do {
         return try SignerConfiguration.load(path: path)
@@ -158,8 +166,8 @@ func loadConfiguration(_ path: String) throws -> SignerConfiguration {
             hint = "this user (uid \(geteuid())) may not search a directory on the path to \(path) (from \(source)): run signctl as root (or as a member of the directory's group, when its mode lets the group in), or pass --config FILE with a file this user can reach"
         } else if !exists {
             hint = "no file at \(path) (from \(source)): pass --config FILE (or set SIGNERD_CONFIG); the default is \(SignerConfiguration.defaultPath)"
-        } else if (info.st_mode & S_IFMT) == S_IFREG && access(path, R_OK) != 0 {
-            hint = "this user (uid \(geteuid())) may not read \(path) (owner uid \(info.st_uid), mode \(String(info.st_mode & 0o7777, radix: 8))): run signctl as root (or as a member of the file's group, when its mode lets the group read), or pass --config FILE with a file this user can read"
+        } else if let unreadable = unreadableFile(path) {
+            hint = "\(unreadable): run signctl as root (or as a member of the file's group, when its mode lets the group read), or pass --config FILE with a file this user can read"
         } else if (info.st_mode & S_IFMT) == S_IFREG {
             hint = "fix \(path) (docs/OPERATIONS.md lists every setting), then check it with: signerd --check-config --config \(path)"
         } else {
