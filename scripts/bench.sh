@@ -10,7 +10,11 @@
 #     configuration otherwise);
 #   - p11-kit server exposing the same token, with the same sign loop running
 #     in one client process through p11-kit-client.so, 8 threads;
-#   these four at concurrency 8 are measured in --rounds interleaved rounds
+#   - the floor under any server on these libraries: scripts/mhd-sign-floor.c
+#     (libmicrohttpd with a thread per connection, SHA-256, C_SignInit/C_Sign,
+#     DER, Base64; no JSON, no checks), driven by the same client as signerd,
+#     so that the table shows what the socket and HTTP alone cost here;
+#   these five at concurrency 8 are measured in --rounds interleaved rounds
 #   (default 3: direct, signerd off, signerd on, p11-kit, then again), because
 #   a shared machine's speed drifts between minutes; each target uses the
 #   median of the per-round ratios, and every round is printed;
@@ -50,6 +54,7 @@ p11kit_pid=""
 cleanup() {
   [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
   [ -n "$p11kit_pid" ] && kill "$p11kit_pid" 2>/dev/null
+  [ -n "${floor_pid:-}" ] && kill "$floor_pid" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -60,11 +65,11 @@ export SOFTHSM2_CONF=$work/hsm/softhsm2.conf
 module=$(printf '%s' "$token_uri" | sed -E 's/.*module-path=([^&]*).*/\1/')
 (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$work/AuthKey_BENCH00001.p8")
 
-write_config() {  # $1 verify_before_return, $2 file, $3 token_uri
+write_config() {  # $1 verify_before_return, $2 file, $3 token_uri[, $4 socket_path]
   cat > "$2" <<JSON
 {
   "token_uri": "$3",
-  "socket_path": "$work/signerd.sock",
+  "socket_path": "${4:-$work/signerd.sock}",
   "issuer_id": "00000000-0000-4000-8000-000000000000",
   "keys": [{"key_id": "BENCH00001", "bundle_ids": ["com.example.bench"]}],
   "verify_before_return": $1,
@@ -91,6 +96,38 @@ stop_daemon() {
 
 results=$work/results
 mkdir -p "$results"
+
+# The floor: a C program, built here with the system's C compiler (the Swift
+# toolchain's clang will do). Without one its rows are left out, and the
+# table says so.
+floor_bin=""
+floor_cc=$(command -v cc || command -v clang || true)
+if [ -n "$floor_cc" ] && "$floor_cc" -O2 "$repo/scripts/mhd-sign-floor.c" -o "$work/mhd-sign-floor" \
+     -lmicrohttpd -lcrypto -ldl -lpthread 2>"$work/floor-build.log"; then
+  floor_bin=$work/mhd-sign-floor
+  write_config false "$work/floor.json" "$token_uri" "$work/floor.sock"
+  # It answers GET /v1/keys with signerd's own listing, which signctl bench reads first.
+  start_daemon "$work/verify-off.json"
+  curl -sf --unix-socket "$work/signerd.sock" http://localhost/v1/keys > "$work/keys.json"
+  stop_daemon
+else
+  echo "note: no C compiler built scripts/mhd-sign-floor.c; the floor rows are left out" >&2
+  [ -s "$work/floor-build.log" ] && cat "$work/floor-build.log" >&2
+fi
+floor_pid=""
+floor_up() {
+  rm -f "$work/floor.sock"
+  "$floor_bin" "$work/floor.sock" "$module" bench BENCH00001 "$work/hsm/pin" "$work/keys.json" 2>>"$work/floor.log" &
+  floor_pid=$!
+  for _ in $(seq 1 100); do
+    [ -S "$work/floor.sock" ] && return 0
+    sleep 0.1
+  done
+  echo "error: the floor did not start" >&2; cat "$work/floor.log" >&2; exit 69
+}
+floor_down() {
+  kill "$floor_pid"; wait "$floor_pid" 2>/dev/null || true; floor_pid=""
+}
 run() {  # name, config, signctl bench arguments…
   local name=$1 config=$2; shift 2
   echo "==> $name" >&2
@@ -119,6 +156,11 @@ for round in $(seq 1 "$rounds"); do
     run "signerd-verify-$verify-c8-r$round" "$work/verify-$verify.json" --concurrency 8 --duration "$duration"
     stop_daemon
   done
+  if [ -n "$floor_bin" ]; then
+    floor_up
+    run "floor-c8-r$round" "$work/floor.json" --concurrency 8 --duration "$duration"
+    floor_down
+  fi
   p11kit_up
   server_ticks_before=$(process_tree_ticks "$p11kit_pid")
   run "p11kit-c8-r$round" "$work/p11kit.json" --direct --concurrency 8 --duration "$duration"
@@ -191,6 +233,9 @@ for v in ["off", "on"]:
         key = median_round("signerd-verify-%s-c8" % v) if c == 8 else "signerd-verify-%s-c%d" % (v, c)
         lines.append(row("signerd, verify_before_return %s" % v, key))
 lines.append(row("p11-kit server + p11-kit-client.so", median_round("p11kit-c8")))
+floor = all(("floor-c8-r%d" % n) in r for n in range(1, rounds + 1))
+if floor:
+    lines.append(row("C floor: libmicrohttpd + PKCS#11, no request checks", median_round("floor-c8")))
 lines.append("")
 # Ratios pair the runs of one round (minutes apart at most), then take the median over rounds.
 rows = []
@@ -231,6 +276,28 @@ soak_rss = s.get("rss_kib") or {}
 soak_before, soak_after = soak_rss.get("before", float("nan")), soak_rss.get("after", float("nan"))
 growth = (soak_after - soak_before) / soak_before * 100 if soak_before == soak_before and soak_before else float("nan")
 def verdict(ok): return "met" if ok else "**missed**"
+if floor:
+    # The floor (scripts/mhd-sign-floor.c) does only what a signature over this socket must: it shows what the
+    # client, the socket and libmicrohttpd cost on this machine, apart from signerd's own request path.
+    lines.append("The C floor (`scripts/mhd-sign-floor.c`) is a server on the same libraries that does only what a signature over this socket must: "
+                 "libmicrohttpd with a thread per connection, SHA-256 over the body, `C_SignInit`/`C_Sign`, DER, Base64. It parses no JSON and checks nothing, "
+                 "so it is not a server anyone should run; driven by the same client in the same rounds, it shows what the socket and HTTP alone cost on this machine. "
+                 "Its CPU is read the same way as signerd's.")
+    lines.append("")
+    lines.append("| round | floor c=8 | floor / direct | signerd off / floor | floor / p11-kit | floor p99 vs allowed, ms | CPU per request, floor: server + client | signerd off: daemon + client |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for n, x in enumerate(rows, 1):
+        f = r["floor-c8-r%d" % n]
+        fd, fc = cpu("floor-c8-r%d" % n, "signerd"), cpu("floor-c8-r%d" % n, "signctl")
+        od, oc = cpu("signerd-verify-off-c8-r%d" % n, "signerd"), cpu("signerd-verify-off-c8-r%d" % n, "signctl")
+        cpu_text = "%.0f + %.0f | %.0f + %.0f" % (fd, fc, od, oc) if None not in (fd, fc, od, oc) else "– | –"
+        lines.append("| %d | %.0f | %.2f | %.2f | %.2f | %.2f vs %.2f | %s |" % (
+            n, f["throughput_rps"], f["throughput_rps"] / x["direct"], x["off"] / f["throughput_rps"], f["throughput_rps"] / x["p11"],
+            f["latency_ms"]["p99"], x["allowed"], cpu_text))
+    lines.append("")
+else:
+    lines.append("The C floor was not measured: no C compiler built `scripts/mhd-sign-floor.c`.")
+    lines.append("")
 lines.append("| target | measured (median of rounds) | |")
 lines.append("|---|---|---|")
 lines.append("| signerd c=8, verify off ≥ 0.85 × direct c=8 | %.2f × (held in %s) | %s |" % (med("off/direct"), held(lambda x: x["off/direct"] >= 0.85), verdict(med("off/direct") >= 0.85)))
