@@ -52,6 +52,9 @@ work=$(mktemp -d /tmp/signerd-bench-XXXXXX)
 daemon_pid=""
 p11kit_pid=""
 cleanup() {
+  # Runs on every exit, errors and signals included; a server that already
+  # died must not stop it before the throw-away token (its PIN, the .p8) is removed.
+  set +e
   [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
   [ -n "$p11kit_pid" ] && kill "$p11kit_pid" 2>/dev/null
   [ -n "${floor_pid:-}" ] && kill "$floor_pid" 2>/dev/null
@@ -129,9 +132,19 @@ floor_down() {
   kill "$floor_pid"; wait "$floor_pid" 2>/dev/null || true; floor_pid=""
 }
 run() {  # name, config, signctl bench arguments…
-  local name=$1 config=$2; shift 2
+  local name=$1 config=$2 status=0; shift 2
   echo "==> $name" >&2
-  "$bin/signctl" --config "$config" bench --json "$@" > "$results/$name.json"
+  "$bin/signctl" --config "$config" bench --json "$@" > "$results/$name.json" || status=$?
+  if [ "$status" != 0 ]; then
+    # signctl bench --json reports on stdout: show what it counted, and the servers' last words.
+    echo "error: $name: signctl bench exited $status" >&2
+    python3 -c 'import json, sys; d = json.load(open(sys.argv[1])); print("  requests %d, errors %s" % (d.get("requests", 0), json.dumps(d.get("errors", {}))))' \
+      "$results/$name.json" >&2 2>/dev/null || true
+    for log in "$work/signerd.log" "$work/floor.log"; do
+      [ -s "$log" ] && { echo "  last lines of $(basename "$log"):" >&2; tail -n 5 "$log" | sed 's/^/    /' >&2; }
+    done
+    exit 1
+  fi
 }
 
 p11kit_up() {
