@@ -69,7 +69,9 @@ extension SignerService {
     /// (1–3600; Apple refuses more than 60 minutes), and `iat` is backdated
     /// by `clock_skew_seconds`, at most half the TTL, so that a host clock
     /// slightly ahead of Apple's gives no future `iat` (a 401) and the token
-    /// is still valid when it leaves.
+    /// is still valid when it leaves. It carries the common claims of
+    /// apple-signatures.md, a fresh `nonce` included (Apple's first version
+    /// of the bearer-token claims listed one too).
     private func serverAPIToken(_ fields: ServerAPITokenRequest, _ peer: PeerCredentials, _ config: SignerConfiguration, now: Int64) throws(APIError) -> HTTPResponse {
         try checked { () throws(FieldError) in try AppleFields.checkIdentifier(fields.bundleID, field: "bundle_id") }
         let key = try resolveKey(bundleID: fields.bundleID, keyID: fields.keyID, peer: peer, config)
@@ -79,6 +81,7 @@ extension SignerService {
         let claims: [String: ClaimValue] = [
             "iss": .string(try issuer(of: key, config)), "iat": .integer(issuedAt), "exp": .integer(expiresAt),
             "aud": .string(JWSAudience.appStoreServerAPI), "bid": .string(fields.bundleID),
+            "nonce": .string(AppleFields.randomUUID()),
         ]
         let token = try signCompact(claims: claims, keyID: key.keyID, config)
         return json(200, ServerAPITokenResponse(token: token, keyID: key.keyID, issuedAt: issuedAt, expiresAt: expiresAt))

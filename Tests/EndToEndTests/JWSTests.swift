@@ -166,8 +166,11 @@ struct JWSTests {
         let now = nowSeconds()
         let token = try post("/v1/tokens/app-store-server-api", ["bundle_id": "com.example.app"]).decode(ServerAPITokenResponse.self)
         let jws = try decodeAndVerify(token.token)
-        #expect(Set(jws.claims.keys) == ["iss", "iat", "exp", "aud", "bid"])
+        // apple-signatures.md's common claims, nonce included, plus exp.
+        #expect(Set(jws.claims.keys) == ["iss", "iat", "exp", "aud", "bid", "nonce"])
         #expect(jws.claims["aud"] as? String == "appstoreconnect-v1")
+        let nonce = try #require(jws.claims["nonce"] as? String)
+        #expect(isLowercaseUUID(nonce), "\(nonce)")
         let iat = try #require(jws.claims["iat"] as? Int)
         let exp = try #require(jws.claims["exp"] as? Int)
         #expect(Int64(iat) == token.issuedAt && Int64(exp) == token.expiresAt)
@@ -176,6 +179,7 @@ struct JWSTests {
 
         let longest = try post("/v1/tokens/app-store-server-api", ["bundle_id": "com.example.app", "ttl_seconds": 3600]).decode(ServerAPITokenResponse.self)
         let long = try decodeAndVerify(longest.token)
+        #expect(long.claims["nonce"] as? String != nonce, "a fresh nonce for every token")
         #expect((long.claims["exp"] as? Int ?? 0) - (long.claims["iat"] as? Int ?? 0) == 3600, "Apple's cap, whatever the skew")
 
         // A TTL under twice the skew: iat backdated by half of it, so the token is still valid when it leaves.
