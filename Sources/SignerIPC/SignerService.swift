@@ -539,12 +539,13 @@ public final class SignerService: HTTPHandler, Sendable {
     /// - Returns: raw `r ‖ s` (64 bytes) and DER.
     /// - Throws: `hsm_unavailable` (503, with `Retry-After`), `key_not_found`,
     ///   `internal` (500) for a signature that did not verify (never returned).
-    func sign(digest: [UInt8], keyID: String, _ config: SignerConfiguration, attempt: Int = 1) throws(APIError) -> (raw: [UInt8], der: [UInt8]) {
+    func sign(digest: [UInt8], keyID: String, _ config: SignerConfiguration, attempt: Int = 1,
+              countingErrors: Bool = true) throws(APIError) -> (raw: [UInt8], der: [UInt8]) {
         let signature: TokenSignature
         do {
             signature = try token.sign(digest: digest, keyID: keyID)
         } catch {
-            throw apiError(error, keyID: keyID)
+            throw apiError(error, keyID: keyID, counting: countingErrors)
         }
         metrics.observe(signature)
         let der: [UInt8]
@@ -573,9 +574,9 @@ public final class SignerService: HTTPHandler, Sendable {
                 // replacement (`keys import --replace` in another process)
                 // was still being written.
                 if token.prepareVerificationRetry(keyID: keyID, after: attempt) {
-                    return try sign(digest: digest, keyID: keyID, config, attempt: attempt + 1)
+                    return try sign(digest: digest, keyID: keyID, config, attempt: attempt + 1, countingErrors: countingErrors)
                 }
-                if let keyProblem { throw apiError(keyProblem, keyID: keyID) }
+                if let keyProblem { throw apiError(keyProblem, keyID: keyID, counting: countingErrors) }
                 metrics.count("verification_failures")
                 logger.error("signature_not_verified", ["key.id": .string(keyID), "token.label": .string(token.label)])
                 throw APIError(.internalError, "the signature made by the token did not verify with key \(keyID)'s public key; it was not returned")
@@ -589,8 +590,11 @@ public final class SignerService: HTTPHandler, Sendable {
     /// passing fault (1 s).
     public static let pinRejectedRetryAfter = 30
 
-    func apiError(_ error: HSMError, keyID: String) -> APIError {
-        metrics.countHSMError(error.returnValue?.name ?? error.code.rawValue)
+    /// The answer for a failed signing call; `counting` false for a call
+    /// whose failure the request does not answer with (`signerd_hsm_errors_total`
+    /// counts "signing failures answered with an error").
+    func apiError(_ error: HSMError, keyID: String, counting: Bool = true) -> APIError {
+        if counting { metrics.countHSMError(error.returnValue?.name ?? error.code.rawValue) }
         switch error.code {
         case .keyNotFound:
             return APIError(.keyNotFound, "key \(keyID) is configured but not on token \(token.label); import it with signctl keys import", field: "key_id")
@@ -659,7 +663,8 @@ public final class SignerService: HTTPHandler, Sendable {
         while signature.der.count < Self.classicDERMinimumBytes && attempts < Self.classicSignAttempts {
             if let deadline = RequestDeadline.current, MonotonicClock.now() + 2 * took > deadline { break }
             attempts += 1
-            guard let again = try? sign(digest: digest, keyID: keyID, config), again.raw != signature.raw else { break }
+            // A failure here is not the request's answer (the short signature is), so it is not counted.
+            guard let again = try? sign(digest: digest, keyID: keyID, config, countingErrors: false), again.raw != signature.raw else { break }
             signature = again
         }
         return PromotionalOfferResponse(keyID: keyID, appAccountToken: payload.appAccountToken, nonce: payload.nonce, timestamp: payload.timestamp,

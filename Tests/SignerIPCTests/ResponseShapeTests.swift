@@ -80,6 +80,10 @@ struct ResponseShapeTests {
         #expect(answer.signature == Data(try ECDSASignature.der(fromRaw: short, curve: .p256)).base64EncodedString())
         #expect(try opensslVerifies(publicKeyPEM: daemon.publicKey.pem, derSignature: try ECDSASignature.der(fromRaw: short, curve: .p256), message: payload.payload))
         #expect(daemon.faults.calls(.sign) - signsBefore == (second == "late" ? 1 : 2), "one more try at most, not eight")
+        // The request was answered 200: the failed second call is no "signing failure answered with an error".
+        let metrics = String(decoding: try SignerClient(socketPath: daemon.socketPath).send("GET", "/metrics").body, as: UTF8.self)
+        let counted = metrics.split(separator: "\n").filter { $0.hasPrefix("signerd_hsm_errors_total{") }
+        #expect(counted.isEmpty, "\(counted)")
     }
 
     /// `GET /v1/keys` read a key's public key from signerd's cache, so after
