@@ -170,6 +170,12 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var requestTimeoutSeconds = 10
     /// How long a readiness result is reused, in seconds. Default 5.
     public var readinessCacheSeconds = 5.0
+    /// How often, in seconds, an idle daemon checks its token: when no
+    /// PKCS#11 call has come back for this long, the readiness check runs
+    /// (every key signs a test digest), so that an outage shows in
+    /// `signerd_token_up` and recovery starts without waiting for a
+    /// request. 0 turns it off. Default 30; 0–3600.
+    public var tokenCheckSeconds = 30
     /// How long a request waits for a free PKCS#11 session, in milliseconds. Default 2000.
     public var sessionCheckoutTimeoutMs = 2000
     /// A signing call in the module longer than this fails the request with
@@ -188,7 +194,7 @@ public struct SignerConfiguration: Sendable, Equatable {
         "socket_path", "socket_mode", "socket_group", "token_uri", "issuer_id", "keys", "default_key_id",
         "allowed_uids", "allowed_gids", "session_pool_size", "verify_before_return", "log_level", "http_threads",
         "max_connections", "max_connections_per_uid", "max_body_bytes", "max_header_bytes", "idle_timeout_seconds", "request_timeout_seconds",
-        "readiness_cache_seconds", "session_checkout_timeout_ms", "sign_timeout_ms", "clock_skew_seconds",
+        "readiness_cache_seconds", "token_check_seconds", "session_checkout_timeout_ms", "sign_timeout_ms", "clock_skew_seconds",
         "rate_limit_per_second", "rate_limit_burst",
     ]
 
@@ -426,6 +432,7 @@ public struct SignerConfiguration: Sendable, Equatable {
         config.idleTimeoutSeconds = try integer(&reader, "idle_timeout_seconds", config.idleTimeoutSeconds, 1...86_400)
         config.requestTimeoutSeconds = try integer(&reader, "request_timeout_seconds", config.requestTimeoutSeconds, 1...3600)
         config.readinessCacheSeconds = Double(try integer(&reader, "readiness_cache_seconds", Int(config.readinessCacheSeconds), 0...3600))
+        config.tokenCheckSeconds = try integer(&reader, "token_check_seconds", config.tokenCheckSeconds, 0...3600)
         config.sessionCheckoutTimeoutMs = try integer(&reader, "session_checkout_timeout_ms", config.sessionCheckoutTimeoutMs, 1...600_000)
         config.signTimeoutMs = try integer(&reader, "sign_timeout_ms", config.signTimeoutMs, 1...600_000)
         config.clockSkewSeconds = try integer(&reader, "clock_skew_seconds", config.clockSkewSeconds, 0...600)

@@ -732,6 +732,28 @@ public final class SignerService: HTTPHandler, Sendable {
 
     // MARK: Readiness
 
+    /// Whether an idle-token check is due: `token_check_seconds` is not 0,
+    /// the token is up, and no PKCS#11 call has come back from the module
+    /// for `token_check_seconds` (requests, readiness probes and recovery
+    /// all count). Reads two clocks and a lock; no PKCS#11 call.
+    public var tokenCheckDue: Bool {
+        let seconds = configuration.tokenCheckSeconds
+        return seconds > 0 && token.status == .up && !token.sessionReturned(withinSeconds: Double(seconds))
+    }
+
+    /// Runs the readiness check (every key signs a test digest that must
+    /// verify) when ``tokenCheckDue``. Without it an idle daemon learns of
+    /// an outage only from its next request: `signerd_token_up` says 1 and
+    /// recovery waits meanwhile. A failing check marks the token down and
+    /// starts recovery, as a failing `/readyz` probe does.
+    /// - Returns: whether a check ran.
+    @discardableResult
+    public func checkTokenIfIdle() -> Bool {
+        guard tokenCheckDue else { return false }
+        _ = checkReadiness(configuration)
+        return true
+    }
+
     /// Every configured key signs a random digest that must verify with its
     /// public key; the result is reused for `readiness_cache_seconds` so
     /// probes cannot load the HSM, and only one check runs at a time.

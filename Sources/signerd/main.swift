@@ -324,6 +324,22 @@ func runDaemon() -> Never {
     let selfTests = CoalescingRunner {
         _ = selfTest(selfTestKeys.withLock { $0 }, token: token, logger: logger, stopped: { stopNotified.withLock { $0 } })
     }
+    // An idle daemon checks its token every token_check_seconds, so that an
+    // outage shows in signerd_token_up and recovery starts before the next
+    // request. The checks run on a runner, one at a time, so that shutdown
+    // can wait for one inside a PKCS#11 call before it closes the token.
+    let tokenChecks = CoalescingRunner { _ = service.checkTokenIfIdle() }
+    let watching = OSThread.start {
+        while true {
+            usleep(1_000_000)
+            guard service.tokenCheckDue else { continue }
+            if tokenChecks.request() == .stopping { return }
+        }
+    }
+    if !watching {
+        logger.warning("token_check_skipped", ["error": "no thread could be started for the idle token check (the process is out of threads)",
+                                               "hint": "requests and GET /readyz still find an outage; signerd_token_up may lag until one comes"])
+    }
     let startConfiguration = configuration
     // Reloads run on a thread of their own: one can wait on the token (a
     // C_Login, or recovery's login holding the PIN), and this thread must
@@ -401,6 +417,9 @@ func runDaemon() -> Never {
         }
         if !selfTests.stop(waitingSeconds: secondsLeft()) {
             logger.warning("self_test_unfinished", ["reason": "a reload's key self-test is still inside a PKCS#11 call; the token is closed regardless"])
+        }
+        if !tokenChecks.stop(waitingSeconds: secondsLeft()) {
+            logger.warning("token_check_unfinished", ["reason": "an idle token check is still inside a PKCS#11 call; the token is closed regardless"])
         }
         // The token first: from here a request still arriving on an open
         // connection gets 503 at once, so no PKCS#11 call can start (and

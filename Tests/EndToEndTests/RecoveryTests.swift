@@ -56,4 +56,46 @@ struct RecoveryTests {
         #expect(daemon.logged { $0.contains("\"token_down\"") }.count == 1)
         #expect(daemon.logged { $0.contains("\"token_up\"") }.count == 1)
     }
+
+    /// An operations audit found `signerd_token_up` at 1 for as long as the
+    /// token was gone, while no request came: only a request or a `/readyz`
+    /// probe found the outage, so the suggested alert (`token_up == 0` for a
+    /// minute) missed an outage of an idle daemon, and recovery waited.
+    @Test("an idle daemon finds the token gone within token_check_seconds, shows token_up 0, and recovers by itself with no request")
+    func idleTokenChecked() throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["token_check_seconds": 1])
+        try daemon.start()
+        defer { daemon.stop() }
+        // GET /metrics reads no token state from the module: the only PKCS#11 calls are signerd's own.
+        func tokenUp() throws -> String? {
+            let metrics = String(decoding: try daemon.client().send("GET", "/metrics").body, as: UTF8.self)
+            return metrics.split(separator: "\n").first { $0.hasPrefix("signerd_token_up ") }.map { String($0.dropFirst("signerd_token_up ".count)) }
+        }
+        func waitFor(_ value: String, seconds: Double) throws -> Bool {
+            let until = Date().addingTimeInterval(seconds)
+            while Date() < until {
+                if try tokenUp() == value { return true }
+                usleep(200_000)
+            }
+            return false
+        }
+        #expect(try tokenUp() == "1")
+        let tokens = daemon.directory + "/hsm/tokens"
+        try FileManager.default.moveItem(atPath: tokens, toPath: tokens + ".away")
+        var back = false
+        defer { if !back { try? FileManager.default.moveItem(atPath: tokens + ".away", toPath: tokens) } }
+        #expect(try waitFor("0", seconds: 10), "token_up 0 within a few token_check_seconds, with no request: \(daemon.log.suffix(5))")
+        #expect(daemon.logged { $0.contains("\"token_down\"") }.count == 1)
+        try FileManager.default.moveItem(atPath: tokens + ".away", toPath: tokens)
+        back = true
+        #expect(try waitFor("1", seconds: 20), "recovered with no request: \(daemon.log.suffix(5))")
+        #expect(daemon.logged { $0.contains("\"token_up\"") }.count == 1)
+        let body = try JSONSerialization.data(withJSONObject: ["bundle_id": "com.example.app", "product_id": "p", "offer_id": "o"])
+        let signed = try daemon.client().send("POST", "/v1/sign/promotional-offer", body: Array(body))
+        #expect(signed.status == 200, "\(String(decoding: signed.body, as: UTF8.self))")
+        let signing = daemon.logged { $0.contains("\"token_down\"") }.count
+        #expect(signing == 1, "one outage, found once")
+    }
+
 }

@@ -53,7 +53,8 @@ struct ConfigurationTests {
          "keys": [{"key_id": "ABC123DEFG", "bundle_ids": ["com.example.app"], "allowed_uids": [1000]},
                   {"key_id": "XYZ987WVUT", "bundle_ids": ["com.example.app", "com.example.other"], "issuer_id": "00000000-0000-4000-8000-000000000000"}],
          "default_key_id": "ABC123DEFG", "allowed_uids": [33, "root"], "allowed_gids": [0],
-         "session_pool_size": 4, "verify_before_return": false, "log_level": "debug", "sign_timeout_ms": 250}
+         "session_pool_size": 4, "verify_before_return": false, "log_level": "debug", "sign_timeout_ms": 250,
+         "token_check_seconds": 0}
         """)
         #expect(config.socketPath == "/tmp/s.sock")
         #expect(config.socketMode == 0o600)
@@ -71,6 +72,8 @@ struct ConfigurationTests {
         #expect(config.requestTimeoutSeconds == 10)
         #expect(config.idleTimeoutSeconds == 60)
         #expect(config.maxConnections == 1024)
+        #expect(config.tokenCheckSeconds == 0, "0 turns the idle token check off")
+        #expect(try parse("{\"token_uri\": \"\(Self.uri)\"}").tokenCheckSeconds == 30, "the default")
     }
 
     @Test("bad configurations are refused with the key named", arguments: [
@@ -91,6 +94,8 @@ struct ConfigurationTests {
         ("{\"token_uri\": \"\(uri)\", \"log_level\": \"loud\"}", "log_level"),
         ("{\"token_uri\": \"\(uri)\", \"allowed_uids\": [\"no-such-user-xyz\"]}", "allowed_uids"),
         ("{\"token_uri\": \"\(uri)\", \"verify_before_return\": 1}", "verify_before_return"),
+        ("{\"token_uri\": \"\(uri)\", \"token_check_seconds\": 3601}", "token_check_seconds"),
+        ("{\"token_uri\": \"\(uri)\", \"token_check_seconds\": -1}", "token_check_seconds"),
         ("[1, 2]", "JSON object"),
     ])
     func refused(_ json: String, _ key: String) throws {
