@@ -18,18 +18,25 @@ public enum SoftHSMFiles {
     /// - Parameter module: `module-path` or `module-name` of the token URI.
     public static func tokenDirectory(module: String?) -> String? {
         guard let module, module.lowercased().contains("softhsm") else { return nil }
-        // SoftHSM's own order: SOFTHSM2_CONF, then the user's file, then the system's.
-        let environment = ProcessInfo.processInfo.environment
-        let userConf = environment["HOME"].map { $0 + "/.config/softhsm2/softhsm2.conf" }
-        let conf = environment["SOFTHSM2_CONF"]
-            ?? userConf.flatMap { FileManager.default.fileExists(atPath: $0) ? $0 : nil }
-            ?? "/etc/softhsm/softhsm2.conf"
+        let conf = configurationFile
         guard let text = try? String(contentsOfFile: conf, encoding: .utf8) else { return nil }
         guard let line = text.split(whereSeparator: \.isNewline).first(where: { $0.trimmingCharacters(in: .whitespaces).hasPrefix("directories.tokendir") }),
               let equals = line.firstIndex(of: "=") else {
             return "/var/lib/softhsm/tokens"  // SoftHSM's default
         }
         return line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+    }
+
+    /// The SoftHSM configuration file this process's SoftHSM reads, in
+    /// SoftHSM 2.6's order: `SOFTHSM2_CONF`, then
+    /// ~/.config/softhsm2/softhsm2.conf when it exists, then
+    /// /etc/softhsm/softhsm2.conf.
+    public static var configurationFile: String {
+        let environment = ProcessInfo.processInfo.environment
+        let userConf = environment["HOME"].map { $0 + "/.config/softhsm2/softhsm2.conf" }
+        return environment["SOFTHSM2_CONF"]
+            ?? userConf.flatMap { FileManager.default.fileExists(atPath: $0) ? $0 : nil }
+            ?? "/etc/softhsm/softhsm2.conf"
     }
 
     /// An exclusive `flock(2)` on SoftHSM's token lock file, released when
@@ -170,8 +177,8 @@ public enum SoftHSMFiles {
     }
 
     /// Why SoftHSM, run as this user, cannot see some of its tokens, or nil:
-    /// its token directory, or a token's `token.object` in it, that this
-    /// user may not read. SoftHSM writes each file mode 0600 for the user
+    /// its token directory missing, or the directory or a token's
+    /// `token.object` in it that this user may not read. SoftHSM writes each file mode 0600 for the user
     /// that runs it, so a token made as root can be read by root alone;
     /// SoftHSM shows a token it cannot read as an uninitialized one, and
     /// fails `C_Initialize` (`CKR_GENERAL_ERROR`) when it cannot read its
@@ -188,6 +195,12 @@ public enum SoftHSMFiles {
             return (info.st_uid, "owner \(userName(info.st_uid)), mode \(String(info.st_mode & 0o7777, radix: 8))")
         }
         let user = userName(geteuid())
+        var info = stat()
+        if stat(directory, &info) != 0 && errno == ENOENT {
+            // Not a permission problem: there is nothing to read (a wrong SOFTHSM2_CONF, or the directory moved or not made yet).
+            return "SoftHSM's token directory \(directory) (directories.tokendir in \(configurationFile)) does not exist, so SoftHSM has no token to open: "
+                + "check that SOFTHSM2_CONF names the SoftHSM configuration signerd's token is in, or make the token (signctl token init)"
+        }
         guard access(directory, R_OK | X_OK) == 0 else {
             let (uid, text) = owner(directory)
             return "this user (\(user)) cannot read SoftHSM's token directory \(directory) (\(text)), so SoftHSM cannot open its tokens: "

@@ -813,6 +813,25 @@ struct SignctlHintTests {
         #expect(try softHSMTokenDirectories(tokens).count == 1, "token init made no token as root")
     }
 
+    /// An operations audit moved the token directory away and ran
+    /// `signctl keys list` as root: the hint said root could not read the
+    /// directory ("unknown owner") and to run as root. It does not exist.
+    @Test("a SoftHSM token directory that does not exist is named as missing, not as unreadable, by signctl and signerd (69)")
+    func tokenDirectoryMissing() throws {
+        let hsm = try FreeSoftHSM()
+        let pin = try hsm.initializeToken(label: "gone")
+        let config = try hsm.config(label: "gone", pinPath: pin)
+        try FileManager.default.moveItem(atPath: hsm.directory + "/tokens", toPath: hsm.directory + "/tokens.away")
+        let expected = "SoftHSM's token directory \(hsm.directory)/tokens (directories.tokendir in \(hsm.directory)/softhsm2.conf) does not exist"
+        let list = runSignctl(["--config", config, "keys", "list"], environment: hsm.environment)
+        #expect(list.status == 69, "\(list.stderr)")
+        #expect(list.stderr.contains(expected) && !list.stderr.contains("cannot read"), "\(list.stderr)")
+        let start = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", config], environment: hsm.environment)
+        #expect(start.status == 69, "\(start.stderr)")
+        let failed = start.stderr.split(separator: "\n").first { $0.contains("\"token_open_failed\"") }
+        #expect(failed?.contains(expected) == true, "\(start.stderr)")
+    }
+
     /// `token init` as root makes files only root can read; SoftHSM run as
     /// signerd's user then shows the token as uninitialized, and the error
     /// spoke of a token.object cut short.
