@@ -122,6 +122,10 @@ public struct SignerConfiguration: Sendable, Equatable {
                 found.append(("pin_file_readable_by_callers", "the PIN file \(pinFile) may be read by its group, gid \(info.st_gid), which is a group of signerd's callers (socket_group or allowed_gids): every backend in it can read the PIN; give the file a group of its own (signerd's) or mode 0600"))
             }
         }
+        // api.md: cache the readiness result "so that probes cannot load the HSM".
+        if readinessCacheSeconds == 0 {
+            found.append(("readiness_cache_off", "readiness_cache_seconds is 0: every GET /readyz makes every key sign a test digest, so probes load the HSM and their signatures show in no histogram; a few seconds (the default is 5) keeps probes off the token"))
+        }
         if keys.isEmpty {
             found.append(("no_keys_configured", "keys is empty: every signing request gets 403 bundle_not_allowed until a key is added and signerd reloaded"))
         }

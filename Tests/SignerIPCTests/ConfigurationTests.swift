@@ -73,6 +73,9 @@ struct ConfigurationTests {
         #expect(config.idleTimeoutSeconds == 60)
         #expect(config.maxConnections == 1024)
         #expect(config.tokenCheckSeconds == 0, "0 turns the idle token check off")
+        #expect(!config.advisories.contains { $0.event == "readiness_cache_off" })
+        let uncached = try parse("{\"token_uri\": \"\(Self.uri)\", \"readiness_cache_seconds\": 0}")
+        #expect(uncached.advisories.contains { $0.event == "readiness_cache_off" && $0.hint.contains("probes load the HSM") })
         #expect(try parse("{\"token_uri\": \"\(Self.uri)\"}").tokenCheckSeconds == 30, "the default")
     }
 
