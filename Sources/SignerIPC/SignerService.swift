@@ -733,31 +733,38 @@ public final class SignerService: HTTPHandler, Sendable {
     // MARK: Readiness
 
     /// Whether an idle-token check is due: `token_check_seconds` is not 0,
-    /// the token is up, and no PKCS#11 call has come back from the module
-    /// for `token_check_seconds` (requests, readiness probes and recovery
-    /// all count). Reads two clocks and a lock; no PKCS#11 call.
+    /// a key is configured, the token is up, no session is out (no call in
+    /// the module, however slow), and no PKCS#11 call has come back from
+    /// the module for `token_check_seconds` (requests, readiness probes and
+    /// recovery all count). Reads a clock and two locks; no PKCS#11 call.
     public var tokenCheckDue: Bool {
-        let seconds = configuration.tokenCheckSeconds
-        return seconds > 0 && token.status == .up && !token.sessionReturned(withinSeconds: Double(seconds))
+        let config = configuration
+        let seconds = config.tokenCheckSeconds
+        return seconds > 0 && !config.keys.isEmpty && token.status == .up && token.sessionUsage.inUse == 0
+            && !token.sessionReturned(withinSeconds: Double(seconds))
     }
 
     /// Runs the readiness check (every key signs a test digest that must
-    /// verify) when ``tokenCheckDue``. Without it an idle daemon learns of
-    /// an outage only from its next request: `signerd_token_up` says 1 and
-    /// recovery waits meanwhile. A failing check marks the token down and
-    /// starts recovery, as a failing `/readyz` probe does.
+    /// verify) when ``tokenCheckDue``, never answered from the readiness
+    /// cache (`readiness_cache_seconds` would otherwise stretch the
+    /// interval). Without it an idle daemon learns of an outage only from
+    /// its next request: `signerd_token_up` says 1 and recovery waits
+    /// meanwhile. A failing check marks the token down and starts
+    /// recovery, as a failing `/readyz` probe does.
     /// - Returns: whether a check ran.
     @discardableResult
     public func checkTokenIfIdle() -> Bool {
         guard tokenCheckDue else { return false }
-        _ = checkReadiness(configuration)
+        _ = checkReadiness(configuration, reusingCache: false)
         return true
     }
 
     /// Every configured key signs a random digest that must verify with its
     /// public key; the result is reused for `readiness_cache_seconds` so
     /// probes cannot load the HSM, and only one check runs at a time.
-    func checkReadiness(_ config: SignerConfiguration) -> (Bool, ReadinessResponse) {
+    /// With `reusingCache` false a cached result made before the call is
+    /// not taken (one from a check that was running meanwhile is).
+    func checkReadiness(_ config: SignerConfiguration, reusingCache: Bool = true) -> (Bool, ReadinessResponse) {
         let maxAge = UInt64(config.readinessCacheSeconds * 1e9)
         let keyIDs = config.keys.map(\.keyID)
         // A cached answer holds while it is young, the token has not changed
@@ -777,8 +784,9 @@ public final class SignerService: HTTPHandler, Sendable {
         // new check takes its place (a call that never returns would
         // otherwise keep /readyz at 503 for good).
         let limit = UInt64(signTimeoutSeconds * 1e9)
+        var waited = false
         while true {
-            if let cached = fresh() { return cached }
+            if reusingCache || waited, let cached = fresh() { return cached }
             enum Turn { case mine(UInt64), again, stuck(UInt64) }
             let turn: Turn = readinessRun.lock.withLock {
                 let now = MonotonicClock.now()
@@ -796,6 +804,7 @@ public final class SignerService: HTTPHandler, Sendable {
             }
             switch turn {
             case .again:
+                waited = true
                 continue
             case .stuck(let started):
                 return stuckReadiness(config, runningMs: MonotonicClock.nanoseconds(from: started, to: MonotonicClock.now()) / 1_000_000)

@@ -396,8 +396,10 @@ func runDaemon() -> Never {
             stopping = true
             Systemd.notify("STOPPING=1")
         }
-        // A queued reload must not apply its file while signerd stops.
+        // A queued reload must not apply its file while signerd stops, nor
+        // an idle token check start new PKCS#11 work.
         reloads.refuseNewRuns()
+        tokenChecks.refuseNewRuns()
         let listening = server.stopAccepting()
         removeSocketFile()
         // Connections whose connect() returned but that libmicrohttpd had
@@ -415,10 +417,12 @@ func runDaemon() -> Never {
         if !reloadFinished {
             logger.warning("reload_unfinished", ["reason": "a reload is still waiting on the token (a login in progress, or a PKCS#11 call that does not return); signerd stops regardless"])
         }
-        if !selfTests.stop(waitingSeconds: secondsLeft()) {
+        let selfTestFinished = selfTests.stop(waitingSeconds: secondsLeft())
+        if !selfTestFinished {
             logger.warning("self_test_unfinished", ["reason": "a reload's key self-test is still inside a PKCS#11 call; the token is closed regardless"])
         }
-        if !tokenChecks.stop(waitingSeconds: secondsLeft()) {
+        let tokenCheckFinished = tokenChecks.stop(waitingSeconds: secondsLeft())
+        if !tokenCheckFinished {
             logger.warning("token_check_unfinished", ["reason": "an idle token check is still inside a PKCS#11 call; the token is closed regardless"])
         }
         // The token first: from here a request still arriving on an open
@@ -428,11 +432,11 @@ func runDaemon() -> Never {
         token.close()
         let joined = server.stop()
         logger.notice("signerd_stopped", ["drained": .bool(drained), "backlog_connections": .int(Int64(adopted))])
-        // With a connection thread left inside a hung call, exit(3)'s
+        // With a connection thread, a reload, a self-test or a token check left inside a hung call, exit(3)'s
         // atexit handlers and C++ static destructors (the PKCS#11 module's)
         // would run under it, and crashed the process once in a stress run:
         // leave without them. Log lines are already written (write(2)).
-        if !joined || !reloadFinished { _exit(0) }
+        if !joined || !reloadFinished || !selfTestFinished || !tokenCheckFinished { _exit(0) }
         exit(0)
     }
 }

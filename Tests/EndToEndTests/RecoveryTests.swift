@@ -64,7 +64,8 @@ struct RecoveryTests {
     @Test("an idle daemon finds the token gone within token_check_seconds, shows token_up 0, and recovers by itself with no request")
     func idleTokenChecked() throws {
         let daemon = try DaemonHarness()
-        try daemon.writeConfig(["token_check_seconds": 1])
+        // A readiness cache much longer than the check: the check must not be answered from it.
+        try daemon.writeConfig(["token_check_seconds": 1, "readiness_cache_seconds": 60])
         try daemon.start()
         defer { daemon.stop() }
         // GET /metrics reads no token state from the module: the only PKCS#11 calls are signerd's own.
@@ -81,6 +82,7 @@ struct RecoveryTests {
             return false
         }
         #expect(try tokenUp() == "1")
+        #expect(try daemon.client().send("GET", "/readyz").status == 200, "the cache filled")
         let tokens = daemon.directory + "/hsm/tokens"
         try FileManager.default.moveItem(atPath: tokens, toPath: tokens + ".away")
         var back = false
