@@ -196,21 +196,30 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
 /// no such file, permission denied, a directory or another file that is
 /// not a regular one (which could block, as a FIFO does), not UTF-8.
 /// - Parameter path: the file.
-/// - Throws: ``CommandFailure`` (65) with the path and the reason;
-///   ``CryptoError`` when the text is not a P-256 public key.
+/// - Throws: ``CommandFailure`` with the path and the reason: 77 when this
+///   user may not read the file, else 65; ``CryptoError`` when the text is
+///   not a P-256 public key.
 func readPublicKey(_ path: String) throws -> ECPublicKey {
-    func unreadable(_ reason: String) -> CommandFailure {
-        CommandFailure(.dataError, "cannot read the public key \(path): \(reason)", hint: "pass --public-key with the PEM file signctl keys export-public KEY_ID writes")
+    func unreadable(_ reason: String, exit: ExitCode = .dataError) -> CommandFailure {
+        CommandFailure(exit, "cannot read the public key \(path): \(reason)", hint: "pass --public-key with the PEM file signctl keys export-public KEY_ID writes")
     }
     var info = stat()
-    guard stat(path, &info) == 0 else { throw unreadable(String(cString: strerror(errno))) }
+    guard stat(path, &info) == 0 else {
+        let failed = errno
+        throw unreadable(String(cString: strerror(failed)), exit: failed == EACCES ? .noPermission : .dataError)
+    }
     switch info.st_mode & S_IFMT {
     case S_IFREG: break
     case S_IFDIR: throw unreadable("it is a directory, not a file")
     default: throw unreadable("it is not a regular file")
     }
     guard let pem = try? String(contentsOfFile: path, encoding: .utf8) else {
-        throw unreadable(access(path, R_OK) != 0 ? String(cString: strerror(errno)) : "it is not UTF-8 text, as a PEM file is")
+        // Permission is the reader's problem, not the file's (sysexits: 77).
+        if access(path, R_OK) != 0 {
+            let failed = errno
+            throw unreadable(String(cString: strerror(failed)), exit: failed == EACCES ? .noPermission : .dataError)
+        }
+        throw unreadable("it is not UTF-8 text, as a PEM file is")
     }
     return try ECPublicKey(pem: pem)
 }

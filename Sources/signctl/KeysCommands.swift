@@ -355,7 +355,8 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
         try ECPrivateKeyMaterial.checkFileOpens(path)
     } catch {
         guard let unreadable = unreadableFile(path) else { throw error }
-        var failure = CommandFailure(.dataError, error.description, hint: "\(unreadable): run signctl as the file's owner or as root")
+        // This user may not read it: a permission problem (sysexits 77), not bad data.
+        var failure = CommandFailure(.noPermission, error.description, hint: "\(unreadable): run signctl as the file's owner or as root")
         failure.errorCode = error.code.rawValue
         throw failure
     }

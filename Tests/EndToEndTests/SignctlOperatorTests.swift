@@ -1109,8 +1109,9 @@ struct SignctlHintTests {
         }
     }
 
-    /// The same for the key file of an import: it said "Permission denied" with no hint.
-    @Test("keys import of a key file this user may not read is 65 with a hint naming its owner and mode",
+    /// The same for the key file of an import: it said "Permission denied" with no hint,
+    /// and exited 65 (bad data) for what is the reader's permission (77).
+    @Test("keys import of a key file this user may not read is 77 with a hint naming its owner and mode",
           .enabled(if: getuid() == 0 && SignctlHintTests.unprivilegedCallerAvailable, "needs root with setpriv(1), to read another user's 0600 file as uid 65534"))
     func keyFilePermissionDenied() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-key-denied")
@@ -1118,12 +1119,12 @@ struct SignctlHintTests {
         let key = directory + "/AuthKey_DENIED0001.p8"
         try writeSecretFile(key, try String(contentsOfFile: try TestKeyFiles.make().pkcs8Apple, encoding: .utf8))
         let denied = SignctlHintTests.runSignctlUnprivileged(["keys", "import", key])
-        #expect(denied.status == 65, "\(denied.stderr)")
+        #expect(denied.status == 77, "\(denied.stderr)")
         #expect(denied.stderr.hasPrefix("error: key_file_unreadable: cannot open \(key): Permission denied"), "\(denied.stderr)")
         #expect(denied.stderr.contains("hint: this user (uid 65534) may not read \(key) (owner uid 0, mode 600): run signctl as the file's owner or as root"), "\(denied.stderr)")
     }
 
-    @Test("verify says permission denied for a --public-key file this user may not read (65)",
+    @Test("verify says permission denied for a --public-key file this user may not read (77)",
           .enabled(if: getuid() == 0 && SignctlHintTests.unprivilegedCallerAvailable, "needs root with setpriv(1), to read another user's 0600 file as uid 65534"))
     func publicKeyPermissionDenied() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-pubkey-denied")
@@ -1131,7 +1132,7 @@ struct SignctlHintTests {
         let secret = directory + "/private.pem"
         try writeSecretFile(secret, try TestKeyFiles.make().publicKeyPEM)
         let denied = SignctlHintTests.runSignctlUnprivileged(["verify", "jws", "e30.e30.AA", "--public-key", secret])
-        #expect(denied.status == 65, "\(denied.stderr)")
+        #expect(denied.status == 77, "\(denied.stderr)")
         #expect(denied.stderr.hasPrefix("error: cannot read the public key \(secret): Permission denied"), "\(denied.stderr)")
     }
 
