@@ -423,11 +423,20 @@ public final class HSMToken: @unchecked Sendable {
     /// of it) would spend one. After `CKR_PIN_LOCKED` or `CKR_PIN_EXPIRED`
     /// the same PIN gets its one login: the SO may have unlocked or reset
     /// it to that PIN (a token that still reports the PIN locked gets none).
+    ///
+    /// While logged in no `C_Login` is made (the token would not check the
+    /// PIN): a PIN that differs from the one in use is logged as
+    /// `pin_changed` (notice), since it is first sent at the next login.
+    /// A URI with `pin-value` is logged as `pin_value_in_uri`, as at start.
     /// - Parameter uri: the (possibly changed) token URI; only its PIN source is used.
     /// - Throws: the PIN source errors, or ``HSMError/Code/pinRejected`` if the
     ///   new PIN is refused too, or is the refused PIN itself (then without a
     ///   `C_Login`).
     public func reloadPIN(from uri: PKCS11URI) throws(HSMError) {
+        // As at start: a reload may be what put the PIN into the URI.
+        if uri.hasPINValue {
+            logger.warning("pin_value_in_uri", ["hint": .string(PKCS11URI.pinValueHint)])
+        }
         let newPIN = try uri.readPIN()
         // Only a PIN the token called wrong since its last good login:
         // after CKR_PIN_LOCKED or CKR_PIN_EXPIRED the list is emptied, since
@@ -439,7 +448,10 @@ public final class HSMToken: @unchecked Sendable {
             error.tokenLabel = label
             throw error
         }
-        pin.withLock { $0 = newPIN }
+        let changed = pin.withLock { current in
+            defer { current = newPIN }
+            return !current.hasSameBytes(as: newPIN)
+        }
         let wasRejected: Bool = state.withLock { state in
             if case .pinRejected = state.status {
                 state.status = .up
@@ -455,6 +467,15 @@ public final class HSMToken: @unchecked Sendable {
                 throw error
             }
             logger.notice("token_up", ["token.label": .string(label), "reason": "pin_reloaded"])
+        } else if changed {
+            // Logged in, the token takes no PIN (C_Login answers
+            // CKR_USER_ALREADY_LOGGED_IN without checking one): a wrong new
+            // PIN would show only at the next login, after an outage, as an
+            // outage that does not end. Say so while it is cheap to check.
+            logger.notice("pin_changed", [
+                "token.label": .string(label),
+                "hint": "signerd stays logged in and first uses the new PIN at its next login (after a token outage or a restart), unchecked until then; check it now by logging in with the same PIN from another process, e.g. signctl keys list with a PIN file holding it (a wrong PIN costs one of the token's tries)",
+            ])
         }
     }
 

@@ -312,6 +312,41 @@ struct SessionFaultTests {
         #expect(warned.first?.contains("\"final_try\":\(finalTry)") == true, "\(warned)")
     }
 
+    /// A reload that changed the PIN while logged in said nothing: a wrong
+    /// new PIN showed only at the next login, after an outage, as an outage
+    /// that did not end (an operator runbook audit). And a reload that put
+    /// the PIN into the URI gave no `pin_value_in_uri`, which start gives.
+    @Test("a reload with another PIN while logged in: pin_changed, no C_Login; the same PIN: nothing; pin-value: pin_value_in_uri")
+    func pinChangedWhileLoggedIn() throws {
+        let token = try SoftHSMFixture.shared.makeToken("pin-changed")
+        let faults = FaultInjector()
+        let lines = LineCollector()
+        var options = TokenOptions()
+        options.logger = Logger(minimumLevel: .info) { lines.append($0) }
+        let hsm = try HSMToken(uri: PKCS11URI(token.uri), options: options, interposer: faults)
+        defer { hsm.close() }
+        func events(_ name: String) -> [String] { lines.lines.filter { $0.contains("\"msg\":\"\(name)\"") } }
+        let logins = faults.calls(.login)
+        try hsm.reloadPIN(from: PKCS11URI(token.uri))
+        #expect(events("pin_changed").isEmpty, "the same PIN read again is no change: \(lines.lines)")
+        let rightPIN = try String(contentsOfFile: token.pinPath, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        let otherPath = TemporaryDirectory.make(prefix: "signerd-pins") + "/pin"
+        try writeSecretFile(otherPath, "another-pin")
+        let other = try PKCS11URI(token.uri.replacingOccurrences(of: #"pin-source=file:[^&]*"#, with: "pin-source=file:\(otherPath)", options: .regularExpression))
+        try hsm.reloadPIN(from: other)
+        let changed = events("pin_changed")
+        #expect(changed.count == 1, "\(lines.lines)")
+        #expect(changed.first?.contains("\"level\":\"notice\"") == true && changed.first?.contains("next login") == true, "\(changed)")
+        #expect(!lines.lines.joined().contains("another-pin") && !lines.lines.joined().contains(rightPIN), "a PIN reached the log")
+        #expect(faults.calls(.login) == logins, "a logged-in reload sent the PIN to the token")
+        #expect(events("pin_value_in_uri").isEmpty)
+        let inline = try PKCS11URI(token.uri.replacingOccurrences(of: #"pin-source=file:[^&]*"#, with: "pin-value=\(rightPIN)", options: .regularExpression))
+        try hsm.reloadPIN(from: inline)
+        #expect(events("pin_value_in_uri").count == 1, "\(lines.lines)")
+        #expect(events("pin_changed").count == 2, "back to the right PIN is a change too")
+        #expect(!lines.lines.joined().contains(rightPIN), "a PIN reached the log")
+    }
+
     /// signctl, which an operator may just run again, spent the last try.
     @Test("loginOnFinalTry false (signctl): CKF_USER_PIN_FINAL_TRY stops before C_Login with userPINFlags; COUNT_LOW alone logs in")
     func finalTryRefused() throws {
