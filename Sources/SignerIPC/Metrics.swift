@@ -145,7 +145,7 @@ public final class Metrics: Sendable {
         }
         let eventHelp = [
             "verification_failures": "Signatures that did not verify with the key's public key and were not returned.",
-            "forbidden": "Requests refused because the peer's uid/gid is not allowed.",
+            "forbidden": "Refusals by an allow-list: 403 forbidden (peer uid/gid, or a per-key allowed_uids), and /v1/offers requests whose keys a per-key allowed_uids keeps from the caller.",
             "rate_limited": "Requests refused by the per-uid rate limit.",
             "dropped_slow_requests": "Connections dropped because a request took longer than request_timeout_seconds to arrive.",
             "refused_connections": "Connections closed on arrival because their uid already held max_connections_per_uid, or max_connections were open.",
