@@ -17,7 +17,9 @@
 #   KEY_ID            the key ID of FILE.p8 when its name is not
 #                     AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8
 #   ISSUER_ID         the issuer ID from App Store Connect, for the JWS kinds
-#                     (default a placeholder)
+#                     (with the demo key, default a placeholder; with your
+#                     own key, none: the JWS kinds then answer 400 until
+#                     issuer_id is set, rather than sign an iss Apple refuses)
 #   SIGNERD_DEMO_DIR  where the token, configuration, socket and logs go
 #                     (default .demo in this checkout)
 #
@@ -73,6 +75,17 @@ else
   fi
 fi
 echo "key ID: $key_id, bundle ID: $bundle_id"
+# A made-up issuer ID in a JWS signed with a real key gives tokens Apple
+# refuses while every answer here is 200: only the demo key gets one.
+issuer_line=""
+if [ -n "${ISSUER_ID:-}" ]; then
+  issuer_line="\"issuer_id\": \"$ISSUER_ID\","
+elif [ -z "$p8" ]; then
+  issuer_line='"issuer_id": "00000000-0000-4000-8000-000000000000",'
+  echo "issuer ID: a placeholder for the demo key (set ISSUER_ID for yours)"
+else
+  echo "note: no ISSUER_ID given: the JWS kinds answer 400 (key $key_id has no issuer ID) until you set issuer_id in the configuration (App Store Connect → Users and Access → Integrations → In-App Purchase) and reload; the classic signature needs none"
+fi
 
 config=$demo/signerd.json
 socket=$demo/signerd.sock
@@ -81,7 +94,7 @@ cat > "$config.new" <<JSON
   "token_uri": "$token_uri",
   "socket_path": "$socket",
   "socket_mode": "0660",
-  "issuer_id": "${ISSUER_ID:-00000000-0000-4000-8000-000000000000}",
+  $issuer_line
   "keys": [{"key_id": "$key_id", "bundle_ids": ["$bundle_id"]}]
 }
 JSON

@@ -10,6 +10,37 @@ struct QuickstartTests {
     /// With SIGNERD_DEMO_DIR set the script still said "delete .demo to start afresh".
     @Test("with SIGNERD_DEMO_DIR it signs, verifies, and names that directory, not .demo, to start afresh")
     func demoDirectoryNamed() throws {
+        let (result, demo) = try Self.run()
+        #expect(result.status == 0, "\(result.stdout)\n\(result.stderr)")
+        #expect(result.stdout.contains("Verified OK"), "\(result.stdout)")
+        #expect(result.stdout.contains("delete \(demo) to start afresh"), "\(result.stdout)")
+        #expect(!result.stdout.contains("delete .demo"), "\(result.stdout)")
+        #expect(try Self.issuerID(in: demo) == "00000000-0000-4000-8000-000000000000", "the demo key gets a placeholder issuer ID")
+    }
+
+    /// With the user's own key and no ISSUER_ID, the configuration got a
+    /// made-up issuer ID: every JWS kind answered 200 with an `iss` Apple
+    /// refuses, and nothing said so (an integrator audit).
+    @Test("with your own key and no ISSUER_ID, no issuer ID is made up and a note says the JWS kinds need one; ISSUER_ID is written as given")
+    func ownKeyIssuer() throws {
+        let keys = try TestKeyFiles.make()
+        let keyFile = TemporaryDirectory.make(prefix: "signerd-quickstart-key") + "/SubscriptionKey_QUICK00001.p8"
+        try FileManager.default.copyItem(atPath: keys.pkcs8Apple, toPath: keyFile)
+        let (without, demo) = try Self.run([keyFile])
+        #expect(without.status == 0, "\(without.stdout)\n\(without.stderr)")
+        #expect(without.stdout.contains("Verified OK"), "\(without.stdout)")
+        #expect(try Self.issuerID(in: demo) == nil, "an issuer ID was made up for a real key")
+        #expect(without.stdout.contains("note: no ISSUER_ID given: the JWS kinds answer 400"), "\(without.stdout)")
+        let issuer = "57246542-96fe-1a63-e053-0824d011072a"
+        let (with, again) = try Self.run([keyFile], environment: ["ISSUER_ID": issuer])
+        #expect(with.status == 0, "\(with.stdout)\n\(with.stderr)")
+        #expect(try Self.issuerID(in: again) == issuer)
+        #expect(!with.stdout.contains("note: no ISSUER_ID"), "\(with.stdout)")
+    }
+
+    /// Runs a copy of quickstart.sh (beside the real softhsm-setup.sh) in a
+    /// new demo directory, with install-deps.sh and the release build stubbed out.
+    static func run(_ arguments: [String] = [], environment: [String: String] = [:]) throws -> (result: (status: Int32, stdout: String, stderr: String), demo: String) {
         let root = TemporaryDirectory.make(prefix: "signerd-quickstart")
         let scripts = root + "/scripts"
         let stubs = root + "/stubs"
@@ -30,11 +61,16 @@ struct QuickstartTests {
         }
         let demo = root + "/my-demo"
         let path = stubs + ":" + (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin:/bin")
-        let result = runProgram("/bin/bash", [scripts + "/quickstart.sh"], environment: ["SIGNERD_DEMO_DIR": demo, "PATH": path])
-        #expect(result.status == 0, "\(result.stdout)\n\(result.stderr)")
-        #expect(result.stdout.contains("Verified OK"), "\(result.stdout)")
-        #expect(result.stdout.contains("delete \(demo) to start afresh"), "\(result.stdout)")
-        #expect(!result.stdout.contains("delete .demo"), "\(result.stdout)")
+        let result = runProgram("/bin/bash", [scripts + "/quickstart.sh"] + arguments,
+                                environment: environment.merging(["SIGNERD_DEMO_DIR": demo, "PATH": path]) { $1 })
+        return (result, demo)
+    }
+
+    /// The top-level `issuer_id` of the configuration the script wrote.
+    static func issuerID(in demo: String) throws -> String? {
+        let data = try Data(contentsOf: URL(fileURLWithPath: demo + "/signerd.json"))
+        let object = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        return object["issuer_id"] as? String
     }
 }
 
