@@ -66,6 +66,11 @@ static struct sigaction saved_actions[HELD_SIGNAL_COUNT];
 static int held_installed[HELD_SIGNAL_COUNT];
 static int hold_depth = 0;  // holds are made and released on one thread, nested ones inside the outer
 static volatile sig_atomic_t held_signal = 0;
+static volatile sig_atomic_t hold_before_write = 0;  // the held command is still waiting (for a lock)
+
+void CSignerShim_set_hold_before_write(int before_write) {
+    hold_before_write = before_write ? 1 : 0;
+}
 
 static void set_default(int number) {
     struct sigaction fallback;
@@ -90,7 +95,8 @@ static void hold_signal(int number) {
         atomic_signal_fence(memory_order_seq_cst);
         held_signal = number;
         static const char note[] = "writing to the token: stopping once the write is done (signal again, 3 s or more from now, to stop at once, which can leave a SoftHSM token unusable)\n";
-        ssize_t ignored = write(STDERR_FILENO, note, sizeof(note) - 1);
+        static const char waiting[] = "stopping: nothing was written yet\n";
+        ssize_t ignored = hold_before_write ? write(STDERR_FILENO, waiting, sizeof(waiting) - 1) : write(STDERR_FILENO, note, sizeof(note) - 1);
         (void)ignored;
         errno = saved_errno;
         return;

@@ -120,6 +120,17 @@ public enum ProcessControl {
     /// write yet (waiting for a lock) can stop at once.
     public static var heldTerminationSignal: Int32 { CSignerShim_held_termination_signal() }
 
+    /// Runs `body`, a wait before any write (for a lock), with the note for a
+    /// held signal saying that nothing was written yet instead of
+    /// "writing to the token".
+    /// - Parameter body: the wait; it should stop once ``heldTerminationSignal`` is set.
+    /// - Returns: what `body` returns.
+    public static func beforeTokenWrite<Result>(_ body: () throws -> Result) rethrows -> Result {
+        CSignerShim_set_hold_before_write(1)
+        defer { CSignerShim_set_hold_before_write(0) }
+        return try body()
+    }
+
     /// Blocks `signals` in the calling thread and every thread it starts
     /// afterwards, so that only ``waitForSignal(_:)`` receives them. Ignores
     /// `SIGPIPE`, and `SIGUSR1` and `SIGUSR2`, which signerd has no use for

@@ -204,8 +204,10 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
 /// - Throws: ``CommandFailure`` (75, try again) when the wait runs out.
 func lockSoftHSMTokens(module: String?) throws {
     guard heldTokenLock.withLock({ $0 == nil }), let directory = SoftHSMFiles.tokenDirectory(module: module) else { return }
-    let outcome = SoftHSMFiles.lockTokens(in: directory, timeout: tokenLockSeconds, shouldStop: { ProcessControl.heldTerminationSignal != 0 }) { holder in
-        FileHandle.standardError.write(Data("waiting: another process\(holder.map { " (\($0))" } ?? "") holds the lock on the SoftHSM tokens in \(directory)\n".utf8))
+    let outcome = ProcessControl.beforeTokenWrite {
+        SoftHSMFiles.lockTokens(in: directory, timeout: tokenLockSeconds, shouldStop: { ProcessControl.heldTerminationSignal != 0 }) { holder in
+            FileHandle.standardError.write(Data("waiting: another process\(holder.map { " (\($0))" } ?? "") holds the lock on the SoftHSM tokens in \(directory)\n".utf8))
+        }
     }
     switch outcome {
     case .held(let lock): heldTokenLock.withLock { $0 = lock }

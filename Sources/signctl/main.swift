@@ -298,6 +298,14 @@ let status = holdsSignalsThroughout(words)
         // Out before the held signal ends the process: stdout to a pipe is
         // buffered, and a signal's default action does not flush it.
         fflush(nil)
+        // The signal still ends signctl (a shell loop around it stops too),
+        // so the exit status says "interrupted" even where the command was
+        // done: say which one counts.
+        let held = ProcessControl.heldTerminationSignal
+        if held != 0 {
+            let name = [SIGINT: "SIGINT", SIGTERM: "SIGTERM", SIGHUP: "SIGHUP", SIGQUIT: "SIGQUIT"][held] ?? "signal \(held)"
+            FileHandle.standardError.write(Data("stopping for \(name) now that the command has run to its end: what it printed above is what it did (the exit status is the signal's, \(128 + held) in a shell)\n".utf8))
+        }
         return status
     }
     : runReporting(words)

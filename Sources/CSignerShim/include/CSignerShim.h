@@ -54,6 +54,11 @@ int CSignerShim_release_termination_signals(void);
 /// still waiting to start its write can give up at once.
 int CSignerShim_held_termination_signal(void);
 
+/// Says whether the held command has written nothing yet (1: it is still
+/// waiting, for a lock), so that the note written for a held signal says
+/// that rather than "writing to the token". Async-signal-safe to read.
+void CSignerShim_set_hold_before_write(int before_write);
+
 /// A log callback receiving a formatted, NUL-terminated message.
 typedef void (*CSignerShim_log_callback)(void *context, const char *message);
 
