@@ -201,6 +201,22 @@ func runDaemon() -> Never {
         logger.warning("file_size_limit", ["bytes": .int(Int64(clamping: bytes)), "hint": .string(ProcessControl.fileSizeLimitWarning(bytes))])
     }
 
+    // The socket is checked before the token is opened: a second signerd
+    // (or a file in the way) is refused before its C_Login, which SoftHSM
+    // records by rewriting its token file.
+    func socketFailed(_ error: SocketError) -> Never {
+        var fields: [(key: String, value: LogValue)] = [("socket.path", .string(configuration.socketPath)), ("error", .string(error.message))]
+        if socketDirectoryProblem(configuration.socketPath) != nil { fields.append(("hint", .string(socketDirectoryHint(configuration.socketPath)))) }
+        fail(.unavailable, "socket_bind_failed", logger: logger, fields: fields)
+    }
+    let passedListener: Int32?
+    do {
+        passedListener = try Systemd.takeListeningSocket()
+        if passedListener == nil { _ = try UnixListener.checkBindable(path: configuration.socketPath) }
+    } catch {
+        socketFailed(error)
+    }
+
     var tokenOptions = TokenOptions()
     tokenOptions.sessionPoolSize = configuration.sessionPoolSize
     tokenOptions.sessionCheckoutTimeout = Double(configuration.sessionCheckoutTimeoutMs) / 1000
@@ -246,18 +262,17 @@ func runDaemon() -> Never {
     let service = SignerService(configuration: configuration, token: token, logger: logger, metrics: metrics)
     let listener: Int32
     let socketActivated: Bool
-    do {
-        if let passed = try Systemd.takeListeningSocket() {
-            listener = passed
-            socketActivated = true
-        } else {
+    if let passedListener {
+        listener = passedListener
+        socketActivated = true
+    } else {
+        do {
+            // Checked again: the path may have changed while the token opened.
             listener = try UnixListener.bind(path: configuration.socketPath, mode: configuration.socketMode, group: configuration.socketGroup)
-            socketActivated = false
+        } catch {
+            socketFailed(error)
         }
-    } catch {
-        var fields: [(key: String, value: LogValue)] = [("socket.path", .string(configuration.socketPath)), ("error", .string(error.message))]
-        if socketDirectoryProblem(configuration.socketPath) != nil { fields.append(("hint", .string(socketDirectoryHint(configuration.socketPath)))) }
-        fail(.unavailable, "socket_bind_failed", logger: logger, fields: fields)
+        socketActivated = false
     }
     let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
     // Recognized at shutdown: a file someone put at the path later is not removed.

@@ -135,6 +135,22 @@ struct CheckConfigTests {
     /// directory another user could write, that user swapped the socket for
     /// a link to /etc/shadow in between (an attack round won it on the
     /// first or second start).
+    /// A second signerd on the same configuration logged in to the token
+    /// (SoftHSM rewrites its token file at C_Login) before it found the
+    /// socket taken (an operator runbook audit).
+    @Test("a second signerd on the same socket is refused (69) before it opens the token; the first keeps serving")
+    func secondInstance() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { _ = daemon.stop() }
+        let second = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(second.status == 69, "\(second.stderr)")
+        #expect(second.stderr.contains("\"socket_bind_failed\"") && second.stderr.contains("another process is listening on \(daemon.socketPath)"), "\(second.stderr)")
+        #expect(!second.stderr.contains("\"token_opened\""), "it logged in to the token first: \(second.stderr)")
+        let request = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
+        #expect(daemon.verifies(try daemon.client().send("POST", "/v1/sign/promotional-offer", body: Array(request.utf8))))
+    }
+
     @Test("a socket directory others may write without the sticky bit, or another user's, is refused at start (69) and warned of by --check-config; a sticky one is not",
           .enabled(if: geteuid() == 0, "giving the directory to another uid needs root"))
     func unsafeSocketDirectory() throws {
