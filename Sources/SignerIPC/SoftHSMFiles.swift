@@ -39,6 +39,19 @@ public enum SoftHSMFiles {
             ?? "/etc/softhsm/softhsm2.conf"
     }
 
+    /// What to check when SoftHSM shows no token with the label, and no
+    /// file explains it (``unreadableTokens(module:)`` found nothing): which
+    /// configuration and token directory this process's SoftHSM reads.
+    /// - Parameter module: `module-path` or `module-name` of the token URI.
+    /// - Returns: the hint, or nil when the module is not SoftHSM.
+    public static func tokenMissingHint(module: String?) -> String? {
+        guard let directory = tokenDirectory(module: module) else { return nil }
+        let source = ProcessInfo.processInfo.environment["SOFTHSM2_CONF"] != nil ? "from SOFTHSM2_CONF" : "SOFTHSM2_CONF is not set"
+        return "SoftHSM looked in \(directory) (directories.tokendir in \(configurationFile), \(source)): check that this is the configuration the token was made with, "
+            + "and that its directory is there and belongs to the user signerd runs as; a token that was there and now counts as uninitialized had its token.object cut short "
+            + "(a process ended while writing it, a full disk): restore the copy of its token directory"
+    }
+
     /// An exclusive `flock(2)` on SoftHSM's token lock file, released when
     /// this object is released (or the process exits).
     public final class TokenLock: Sendable {

@@ -92,30 +92,20 @@ public struct SocketFileIdentity: Sendable, Equatable {
 public enum UnixListener {
     /// Creates, binds and listens on `path`.
     ///
-    /// Whether ``bind(path:mode:group:)`` could bind `path`, without
-    /// changing anything: the checks it makes first, for a caller that has
-    /// work to do before binding (signerd logs in to the token, which
-    /// SoftHSM records in its token file, only when it can also serve).
+    /// Refuses a path another process listens on, without changing
+    /// anything: the check ``bind(path:mode:group:)`` makes, for a caller
+    /// with work to do before it binds (signerd logs in to the token, which
+    /// SoftHSM records by rewriting its token file, only when no other
+    /// signerd serves the socket).
     /// - Parameter path: the socket path.
-    /// - Returns: true when a stale socket nobody listens on is at the
-    ///   path (bind removes it), false when there is nothing there.
-    /// - Throws: ``SocketError``: the directory is one other users could
-    ///   rename entries in, a file that is not a socket is at the path, or
-    ///   another process listens on it.
-    public static func checkBindable(path: String) throws(SocketError) -> Bool {
-        if let problem = unsafeDirectory(of: path) {
-            throw SocketError(problem)
-        }
+    /// - Throws: ``SocketError`` when a socket at `path` accepts a connection.
+    public static func refuseIfListening(path: String) throws(SocketError) {
         var info = stat()
-        guard lstat(path, &info) == 0 else { return false }
-        guard (info.st_mode & S_IFMT) == S_IFSOCK else {
-            throw SocketError("\(path) exists and is not a socket; refusing to replace it")
-        }
+        guard lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFSOCK else { return }
         if let probe = try? UnixConnection.connect(path: path) {
             probe.close()
             throw SocketError("another process is listening on \(path); is signerd already running?")
         }
-        return true
     }
 
     /// A stale socket file is replaced only if it is a socket nobody
@@ -134,7 +124,15 @@ public enum UnixListener {
     /// - Returns: the listening descriptor (non-blocking, close-on-exec).
     /// - Throws: ``SocketError`` naming the path and the reason.
     public static func bind(path: String, mode: UInt32, group: String?) throws(SocketError) -> Int32 {
-        if try checkBindable(path: path) {
+        if let problem = unsafeDirectory(of: path) {
+            throw SocketError(problem)
+        }
+        var info = stat()
+        if lstat(path, &info) == 0 {
+            guard (info.st_mode & S_IFMT) == S_IFSOCK else {
+                throw SocketError("\(path) exists and is not a socket; refusing to replace it")
+            }
+            try refuseIfListening(path: path)
             guard unlink(path) == 0 else {
                 throw SocketError("cannot remove the stale socket \(path)", errno: errno)
             }
@@ -166,7 +164,6 @@ public enum UnixListener {
         }
         // glibc refuses AT_SYMLINK_NOFOLLOW for a link (EOPNOTSUPP) and
         // changes anything else through an O_PATH descriptor of the path.
-        var info = stat()
         guard fchmodat(AT_FDCWD, path, mode_t(mode), AT_SYMLINK_NOFOLLOW) == 0, lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFSOCK else {
             let code = errno
             Glibc.close(fd)

@@ -201,9 +201,9 @@ func runDaemon() -> Never {
         logger.warning("file_size_limit", ["bytes": .int(Int64(clamping: bytes)), "hint": .string(ProcessControl.fileSizeLimitWarning(bytes))])
     }
 
-    // The socket is checked before the token is opened: a second signerd
-    // (or a file in the way) is refused before its C_Login, which SoftHSM
-    // records by rewriting its token file.
+    // A second signerd is refused before its C_Login, which SoftHSM records
+    // by rewriting its token file; the socket's other problems are found
+    // at the bind, after the token's.
     func socketFailed(_ error: SocketError) -> Never {
         var fields: [(key: String, value: LogValue)] = [("socket.path", .string(configuration.socketPath)), ("error", .string(error.message))]
         if socketDirectoryProblem(configuration.socketPath) != nil { fields.append(("hint", .string(socketDirectoryHint(configuration.socketPath)))) }
@@ -212,7 +212,7 @@ func runDaemon() -> Never {
     let passedListener: Int32?
     do {
         passedListener = try Systemd.takeListeningSocket()
-        if passedListener == nil { _ = try UnixListener.checkBindable(path: configuration.socketPath) }
+        if passedListener == nil { try UnixListener.refuseIfListening(path: configuration.socketPath) }
     } catch {
         socketFailed(error)
     }
@@ -244,7 +244,8 @@ func runDaemon() -> Never {
         case let code where code == .tokenNotFound || (code == .pkcs11Failure && error.function == PKCS11Function.initialize.rawValue):
             // For SoftHSM, a token this user cannot read (made as root) looks
             // uninitialized, and a token directory it cannot read fails C_Initialize.
-            hint = uri.flatMap { SoftHSMFiles.unreadableTokens(module: $0.modulePath ?? $0.moduleName) }
+            let module = uri.flatMap { $0.modulePath ?? $0.moduleName }
+            hint = SoftHSMFiles.unreadableTokens(module: module) ?? SoftHSMFiles.tokenMissingHint(module: module)
         default:
             hint = nil
         }

@@ -839,6 +839,21 @@ struct SignctlHintTests {
         #expect(failed?.contains(expected) == true, "\(start.stderr)")
     }
 
+    /// A token's own directory moved away (the token directory still there):
+    /// signerd exited 69 with no hint, where signctl names SOFTHSM2_CONF.
+    @Test("a token whose directory was moved away: signerd's token_open_failed says which SoftHSM configuration and directory it looked in (69)")
+    func tokenMissingFromDirectory() throws {
+        let hsm = try FreeSoftHSM()
+        let pin = try hsm.initializeToken(label: "moved")
+        let config = try hsm.config(label: "moved", pinPath: pin)
+        let tokenDirectory = try #require(try softHSMTokenDirectories(hsm.directory + "/tokens").first)
+        try FileManager.default.moveItem(atPath: hsm.directory + "/tokens/" + tokenDirectory, toPath: hsm.directory + "/moved.away")
+        let start = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", config], environment: hsm.environment)
+        #expect(start.status == 69, "\(start.stderr)")
+        let failed = start.stderr.split(separator: "\n").first { $0.contains("\"token_open_failed\"") }
+        #expect(failed?.contains("\"hint\":\"SoftHSM looked in \(hsm.directory)/tokens (directories.tokendir in \(hsm.directory)/softhsm2.conf, from SOFTHSM2_CONF)") == true, "\(start.stderr)")
+    }
+
     /// `token init` as root makes files only root can read; SoftHSM run as
     /// signerd's user then shows the token as uninitialized, and the error
     /// spoke of a token.object cut short.
