@@ -121,6 +121,15 @@ func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger, stopp
     return failed
 }
 
+/// The file size limit after raising the soft one to the hard one, when
+/// finite, and the problem when it is smaller than SoftHSM's largest token
+/// file (a login would cut that file short and destroy the token).
+func fileSizeLimitCheck(tokenURI: String) -> (bytes: UInt64, fatal: String?)? {
+    guard let bytes = ProcessControl.raiseFileSizeLimit() else { return nil }
+    let uri = try? PKCS11URI(tokenURI)
+    return (bytes, uri.flatMap { SoftHSMFiles.loginWouldCut(limit: bytes, module: $0.modulePath ?? $0.moduleName) })
+}
+
 /// The daemon: everything after the process starts, in a function rather
 /// than top-level code (whose globals made the optimizer run away in release).
 func runDaemon() -> Never {
@@ -179,6 +188,11 @@ func runDaemon() -> Never {
             if budget.maxConnections < 1 { fail(.config, "open_file_limit_too_low: \(problem)") }
             print("warning: open_file_limit_low: \(problem)")
         }
+        // As the start would: ExecStartPre= runs under the unit's LimitFSIZE= too.
+        if let (bytes, fatal) = fileSizeLimitCheck(tokenURI: configuration.tokenURI) {
+            if let problem = fatal { fail(.config, "file_size_limit: \(problem)") }
+            print("warning: file_size_limit: \(ProcessControl.fileSizeLimitWarning(bytes))")
+        }
         if let group = configuration.socketGroup, !UnixListener.mayGiveSocket(toGroup: group) {
             print("warning: socket_group_not_joined: this user (uid \(geteuid())) is not a member of socket_group \(group): binding the socket itself "
                 + "(without signerd.socket) will fail with exit 69; add the user to \(group), or start signerd through signerd.socket")
@@ -194,8 +208,8 @@ func runDaemon() -> Never {
         if budget.maxConnections < 1 { fail(.config, "open_file_limit_too_low", logger: logger, ["error": .string(problem)]) }
         logger.warning("open_file_limit_low", ["max_connections": .int(Int64(budget.maxConnections)), "hint": .string(problem)])
     }
-    if let bytes = ProcessControl.raiseFileSizeLimit() {
-        if let uri = try? PKCS11URI(configuration.tokenURI), let problem = SoftHSMFiles.loginWouldCut(limit: bytes, module: uri.modulePath ?? uri.moduleName) {
+    if let (bytes, fatal) = fileSizeLimitCheck(tokenURI: configuration.tokenURI) {
+        if let problem = fatal {
             fail(.config, "file_size_limit", logger: logger, ["bytes": .int(Int64(clamping: bytes)), "error": .string(problem)])
         }
         logger.warning("file_size_limit", ["bytes": .int(Int64(clamping: bytes)), "hint": .string(ProcessControl.fileSizeLimitWarning(bytes))])

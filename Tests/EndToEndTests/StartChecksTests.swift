@@ -527,6 +527,13 @@ struct FileSizeLimitStartTests {
                              environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
         #expect(run.status == 78, "\(run.stdout) \(run.stderr)")
         #expect((run.stdout + run.stderr).contains("\"file_size_limit\""), "\(run.stdout) \(run.stderr)")
+        // --check-config said "valid" under the same limit (an operator audit): ExecStartPre= would not catch it.
+        let check = runProgram("/usr/bin/prlimit", ["--fsize=100", Binaries.signerd, "--config", daemon.configPath, "--check-config"],
+                               environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(check.status == 78 && check.stderr.contains("file_size_limit: the file size limit (ulimit -f, LimitFSIZE=) is 100 bytes"), "\(check.stdout) \(check.stderr)")
+        let roomy = runProgram("/usr/bin/prlimit", ["--fsize=1048576", Binaries.signerd, "--config", daemon.configPath, "--check-config"],
+                               environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(roomy.status == 0 && roomy.stdout.contains("warning: file_size_limit: "), "\(roomy.stdout) \(roomy.stderr)")
         try daemon.start()
         defer { daemon.stop() }
         #expect(try daemon.client().send("GET", "/readyz").status == 200, "the token survived")
