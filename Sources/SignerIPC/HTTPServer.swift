@@ -253,6 +253,8 @@ public final class HTTPServer: @unchecked Sendable {
     private let processing = Atomic<Int>(0)
     /// Set when draining: responses carry `Connection: close`.
     let draining = Atomic<Bool>(false)
+    /// Set when ``stop()`` closes every connection (`MHD_stop_daemon`).
+    let closingConnections = Atomic<Bool>(false)
     private let supervising = Atomic<Bool>(false)
 
     /// Prepares a server on an already listening socket (from ``UnixListener`` or systemd).
@@ -464,6 +466,7 @@ public final class HTTPServer: @unchecked Sendable {
             _ = Unmanaged.passRetained(self)
             return false
         }
+        closingConnections.store(true, ordering: .releasing)
         MHD_stop_daemon(daemon)
         return true
     }
@@ -837,14 +840,25 @@ public final class HTTPServer: @unchecked Sendable {
     }
 
     private static let libraryLog: CSignerShim_log_callback = { context, message in
-        let server = HTTPServer.server(context)
+        HTTPServer.server(context).noteLibraryMessage(message.map { String(cString: $0) } ?? "")
+    }
+
+    /// Logs a message of libmicrohttpd's as `http_library`: a warning, or
+    /// at debug once ``stop()`` closes the connections, when one that was
+    /// being read reports its closure ("Connection socket is closed when
+    /// reading request …", a race inside `MHD_stop_daemon`; an operator
+    /// audit saw it after a clean `SIGTERM`).
+    func noteLibraryMessage(_ message: String) {
         // Said whenever the access handler returns MHD_NO, which signerd does
         // only after it wrote its own answer on the socket (a 431, or the
         // watchdog's 503) and wants the connection closed: not an error.
-        if let message, strncmp(message, "Application reported internal error", 35) == 0 { return }
-        server.libraryWarnings.admit { suppressed in
-            server.logger.warning("http_library", ["detail": .string(message.map { String(cString: $0) } ?? ""),
-                                                   "suppressed_before": .int(Int64(suppressed))])
+        if message.hasPrefix("Application reported internal error") { return }
+        if closingConnections.load(ordering: .acquiring) {
+            logger.debug("http_library", ["detail": .string(message), "phase": "stop"])
+            return
+        }
+        libraryWarnings.admit { suppressed in
+            logger.warning("http_library", ["detail": .string(message), "suppressed_before": .int(Int64(suppressed))])
         }
     }
 

@@ -1,0 +1,29 @@
+import Foundation
+import Testing
+import TestSupport
+@testable import SignerIPC
+
+/// libmicrohttpd's own messages, logged as `http_library`.
+@Suite("libmicrohttpd's messages in signerd's log")
+struct LibraryMessageTests {
+    /// After a clean SIGTERM with an idle keep-alive connection open, an
+    /// operator audit saw libmicrohttpd's "Connection socket is closed when
+    /// reading request …" as a warning: `MHD_stop_daemon` closing a
+    /// connection it was reading races with its own read. Which message
+    /// comes when is libmicrohttpd's timing, so the test hands the server
+    /// the message before and after its stop.
+    @Test("a library message is a warning while serving, and debug once stop() closes the connections; MHD_NO's own note is never logged")
+    func quietAtStop() throws {
+        let daemon = try InProcessDaemon()
+        let closure = "Connection socket is closed when reading request due to the error: detected connection closure"
+        func httpLibraryLines() -> [String] { daemon.logLines.lines.filter { $0.contains("\"msg\":\"http_library\"") } }
+        daemon.server.noteLibraryMessage("Application reported internal error, closing connection.")
+        #expect(httpLibraryLines().isEmpty)
+        daemon.server.noteLibraryMessage(closure)
+        let serving = httpLibraryLines()
+        #expect(serving.count == 1 && serving.first?.contains("\"level\":\"warning\"") == true && serving.first?.contains(closure) == true, "\(serving)")
+        daemon.stop()
+        daemon.server.noteLibraryMessage(closure)
+        #expect(httpLibraryLines().count == 1, "a warning after stop() closed the connections: \(httpLibraryLines())")
+    }
+}
