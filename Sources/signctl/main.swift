@@ -105,12 +105,14 @@ func printJSON(_ value: some Encodable) {
 /// token reports that one more wrong user PIN locks it.
 let loginOnFinalTry = CommandLine.arguments.dropFirst().contains("--final-try")
 
-/// Splits `--config FILE` and `--final-try` (anywhere) from the rest.
+/// Splits `--config FILE` and `--final-try` (anywhere) from the rest, and
+/// moves a `--json` given before the command to the command's options.
 /// `--config` given twice is a usage error, as any other option twice: the
 /// last one winning could point `keys delete` at another token.
 func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: String, rest: [String]) {
     var given: String?
     var rest: [String] = []
+    var jsonBeforeCommand = false
     var index = 0
     func take(_ path: String) throws(UsageError) {
         guard given == nil else {
@@ -135,8 +137,19 @@ func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: St
             index += 1  // read at start-up: ``loginOnFinalTry``
             continue
         }
+        if word == "--json" && rest.isEmpty {
+            // Before the command, as --config and --final-try may be: the
+            // command reads it (and refuses it if it has no JSON output).
+            jsonBeforeCommand = true
+            index += 1
+            continue
+        }
         rest.append(word)
         index += 1
+    }
+    if jsonBeforeCommand {
+        // Ahead of a "--", after which every word is a positional.
+        rest.insert("--json", at: rest.firstIndex(of: "--") ?? rest.endIndex)
     }
     return (given ?? ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] ?? SignerConfiguration.defaultPath, rest)
 }

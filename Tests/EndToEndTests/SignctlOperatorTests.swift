@@ -772,6 +772,14 @@ struct SignctlHintTests {
         let usageObject = try #require(try JSONSerialization.jsonObject(with: Data(usage.stdout.utf8)) as? [String: [String: Any]], "\(usage.stdout)")
         #expect(usageObject["error"]?["exit_code"] as? Int == 64)
         #expect(runSignctl(["--config", config, "keys", "list", "--no-such-flag"]).stdout.isEmpty)
+        // Before the command, as --config and --final-try may be: it was "unknown command --json" (64).
+        let listed = runSignctl(["--json", "--config", config, "keys", "list"])
+        #expect(listed.status == 0, "\(listed.stderr)")
+        #expect(try JSONSerialization.jsonObject(with: Data(listed.stdout.utf8)) is [[String: Any]], "\(listed.stdout)")
+        let early = runSignctl(["--json", "--config", config, "keys", "import", "--key-id", "ABSENT0001", "--", "/nonexistent/absent.p8"])
+        #expect(early.status == 65, "\(early.stderr)")
+        let earlyObject = try #require(try JSONSerialization.jsonObject(with: Data(early.stdout.utf8)) as? [String: [String: Any]], "\(early.stdout)")
+        #expect(earlyObject["error"]?["code"] as? String == "key_file_unreadable")
     }
 
     /// SoftHSM sets CKF_USER_PIN_COUNT_LOW after a refused login: signctl
