@@ -254,6 +254,9 @@ public enum JSONValue: Sendable, Equatable, Codable {
         case .null: "null"
         case .bool: "a boolean"
         case .integer: "a number"
+        case .number(let value) where value.rounded() == value && abs(value) < 9_007_199_254_740_992:
+            // Not "(1796091280327.0)" for 1.796091280327E12: a value nobody sent.
+            "a number written with a fraction or an exponent (equal to \(Int64(value)); write integers without either)"
         case .number(let value): "a number written with a fraction or an exponent (\(value))"
         case .string: "a string"
         case .array: "an array"
