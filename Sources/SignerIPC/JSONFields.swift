@@ -254,9 +254,6 @@ public enum JSONValue: Sendable, Equatable, Codable {
         case .null: "null"
         case .bool: "a boolean"
         case .integer: "a number"
-        case .number(let value) where value.rounded() == value && abs(value) < 9_007_199_254_740_992:
-            // Not "(1796091280327.0)" for 1.796091280327E12: a value nobody sent.
-            "a number written with a fraction or an exponent (equal to \(Int64(value)); write integers without either)"
         case .number(let value): "a number written with a fraction or an exponent (\(value))"
         case .string: "a string"
         case .array: "an array"
@@ -310,6 +307,9 @@ public struct FieldReader {
     private var consumed: [String] = []
     /// A prefix for field names in errors (`generate_offers[2].`).
     private let path: String
+    /// The request's text, for quoting a number as it was sent; nil for a
+    /// reader of a nested object.
+    private var body: [UInt8]?
 
     /// Parses `body` as one JSON object whose members must all be in `allowed`.
     ///
@@ -370,6 +370,31 @@ public struct FieldReader {
             throw APIError(.invalidJSON, "the member \(member.map { "\"\($0.name)\"" } ?? "name") appears more than once in one object\(place); send each field once (which value to sign would be ambiguous)", field: member?.path)
         }
         self.init(checked: members, path: "")  // unknown members were refused above
+        self.body = body
+    }
+
+    /// How an error names the value of member `name`: ``JSONValue/kind``,
+    /// except that a number with a fraction or an exponent is quoted as it
+    /// was sent (`1.796091280327E12`), not as the `Double` it was read into
+    /// (`1796091280327.0`, which nobody sent).
+    private func described(_ value: JSONValue, _ name: String) -> String {
+        guard case .number = value, let body, let text = Self.numberText(in: body, at: path + name) else { return value.kind }
+        return "a number written with a fraction or an exponent (\(text))"
+    }
+
+    /// The text of the number at `wanted` (`timestamp`), as sent, shortened
+    /// past 40 characters; nil when there is none. Read on an error's path only.
+    static func numberText(in body: [UInt8], at wanted: String) -> String? {
+        var position = ScanPosition()
+        var found: String?
+        JSONText.scanMemberNames(in: body) { event, raw in
+            _ = position.follow(event, raw)
+            guard case .number = event, position.valuePath == wanted else { return true }
+            let text = String(decoding: raw, as: UTF8.self)
+            found = text.count > 40 ? String(text.prefix(40)) + "…" : text
+            return false
+        }
+        return found
     }
 
     /// The first member name that appears twice in the same object anywhere
@@ -530,7 +555,7 @@ public struct FieldReader {
     public mutating func optionalString(_ name: String) throws(APIError) -> String? {
         guard let value = take(name) else { return nil }
         guard case .string(let text) = value else {
-            throw APIError(.invalidField, "\(path)\(name) must be a string; got \(value.kind)", field: path + name)
+            throw APIError(.invalidField, "\(path)\(name) must be a string; got \(described(value, name))", field: path + name)
         }
         return text
     }
@@ -541,7 +566,7 @@ public struct FieldReader {
         guard let value = take(name) else { return nil }
         guard case .integer(let number) = value else {
             let detail = unit.isEmpty ? "an integer JSON number" : "an integer JSON number (\(unit))"
-            throw APIError(.invalidField, "\(path)\(name) must be \(detail); got \(value.kind)", field: path + name)
+            throw APIError(.invalidField, "\(path)\(name) must be \(detail); got \(described(value, name))", field: path + name)
         }
         return number
     }
@@ -553,7 +578,7 @@ public struct FieldReader {
             throw APIError(.missingField, "\(path)\(name) is required: true or false", field: path + name)
         }
         guard case .bool(let flag) = value else {
-            throw APIError(.invalidField, "\(path)\(name) must be a JSON boolean (true or false); got \(value.kind)", field: path + name)
+            throw APIError(.invalidField, "\(path)\(name) must be a JSON boolean (true or false); got \(described(value, name))", field: path + name)
         }
         return flag
     }
@@ -574,7 +599,7 @@ public struct FieldReader {
             throw APIError(.missingField, "\(path)\(name) is required: a JSON object", field: path + name)
         }
         guard case .object(let members) = value else {
-            throw APIError(.invalidField, "\(path)\(name) must be a JSON object; got \(value.kind)", field: path + name)
+            throw APIError(.invalidField, "\(path)\(name) must be a JSON object; got \(described(value, name))", field: path + name)
         }
         return members
     }
@@ -585,7 +610,7 @@ public struct FieldReader {
             throw APIError(.missingField, "\(path)\(name) is required: an array", field: path + name)
         }
         guard case .array(let values) = value else {
-            throw APIError(.invalidField, "\(path)\(name) must be an array; got \(value.kind)", field: path + name)
+            throw APIError(.invalidField, "\(path)\(name) must be an array; got \(described(value, name))", field: path + name)
         }
         return values
     }

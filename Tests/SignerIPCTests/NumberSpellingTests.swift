@@ -52,10 +52,7 @@ struct NumberSpellingTests {
         #expect(offer.error?.message.contains("must be an integer JSON number (UNIX time in milliseconds); got a number written with a fraction or an exponent") == true,
                 "\(offer.error?.message ?? String(decoding: offer.body, as: UTF8.self))")
         // It quoted the parsed double, "(1796013077037.0)", which was never sent (an integrator audit).
-        if ["1.796013077037E+12", "1796013077037e0", "17960130770370e-1"].contains(number) {
-            #expect(offer.error?.message.contains("(equal to 1796013077037; write integers without either)") == true, "\(offer.error?.message ?? "")")
-        }
-        #expect(offer.error?.message.contains(".0)") == false, "\(offer.error?.message ?? "")")
+        #expect(offer.error?.message.hasSuffix("got a number written with a fraction or an exponent (\(number))") == true, "\(offer.error?.message ?? "")")
         for (request, field) in [(#"{"n":\#(number)}"#, "request.n"), (#"{"items":[{"price":1},{"price":\#(number)}]}"#, "request.items[1].price")] {
             let commerce = try Self.post(daemon, "/v1/sign/advanced-commerce-request", #"{"bundle_id":"\#(daemon.bundleID)","request":\#(request)}"#)
             #expect(commerce.status == 400 && commerce.error?.code == "invalid_field" && commerce.error?.field == field,
