@@ -4,7 +4,7 @@ import HSMSigner
 import SignerIPC
 
 let usage = """
-usage: signctl [--config FILE] <command> [options]
+usage: signctl [--config FILE] [--json] <command> [options]
 
 Token and keys (talk to the PKCS#11 token named by token_uri in the config):
   token init --label LABEL --pin-file F --so-pin-file F [--module PATH]
@@ -148,8 +148,13 @@ func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: St
         index += 1
     }
     if jsonBeforeCommand {
-        // Ahead of a "--", after which every word is a positional.
-        rest.insert("--json", at: rest.firstIndex(of: "--") ?? rest.endIndex)
+        // Right after the command's words: at the end, an option left
+        // without its value (--offer-id) would take it as its value; and
+        // never after a "--", behind which every word is a positional.
+        let commandWords = ["health", "bench"].contains(rest.first ?? "") ? 1 : 2
+        var at = min(commandWords, rest.count)
+        if let separator = rest.firstIndex(of: "--") { at = min(at, separator) }
+        rest.insert("--json", at: at)
     }
     return (given ?? ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] ?? SignerConfiguration.defaultPath, rest)
 }

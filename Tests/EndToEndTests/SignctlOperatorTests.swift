@@ -780,6 +780,9 @@ struct SignctlHintTests {
         #expect(early.status == 65, "\(early.stderr)")
         let earlyObject = try #require(try JSONSerialization.jsonObject(with: Data(early.stdout.utf8)) as? [String: [String: Any]], "\(early.stdout)")
         #expect(earlyObject["error"]?["code"] as? String == "key_file_unreadable")
+        // Put at the end, it became the value of an option left without one.
+        let unfinished = runSignctl(["--json", "verify", "jws", "e30.e30.AA", "--public-key"])
+        #expect(unfinished.status == 64 && unfinished.stderr.contains("--public-key needs a value"), "\(unfinished.stderr)")
     }
 
     /// SoftHSM sets CKF_USER_PIN_COUNT_LOW after a refused login: signctl
