@@ -106,6 +106,10 @@ static void hold_signal(int number) {
     // emptied SoftHSM's token file in 6 of 30 PIN changes.
     long elapsed_ms = (long)(now.tv_sec - first_held_at.tv_sec) * 1000 + (now.tv_nsec - first_held_at.tv_nsec) / 1000000;
     if (elapsed_ms < 3000) {
+        if (hold_before_write) {
+            errno = saved_errno;
+            return;  // the wait is already stopping, and nothing is being written
+        }
         static const char wait[] = "still writing to the token: a second signal stops signctl at once only 3 s or more after the first\n";
         ssize_t ignored = write(STDERR_FILENO, wait, sizeof(wait) - 1);
         (void)ignored;

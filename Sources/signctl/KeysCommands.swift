@@ -216,6 +216,7 @@ func lockSoftHSMTokens(module: String?) throws {
         FileHandle.standardError.write(Data("warning: going on without the SoftHSM token lock: \(problem); remove it, and signctl makes the lock file again\n".utf8))
     case .stopped:
         // The signal is raised again once the command returns; nothing was written.
+        stoppedBeforeWriting.withLock { $0 = true }
         throw CommandFailure(.tempFail, "stopped while waiting for the lock on the SoftHSM tokens in \(directory): nothing was changed")
     case .timedOut(let holder):
         throw CommandFailure(.tempFail, "another process\(holder.map { " (\($0))" } ?? "") has held the lock on the SoftHSM tokens in \(directory) for \(Int(tokenLockSeconds)) s (signctl takes it so that two commands never rewrite SoftHSM's token files at once)",
@@ -225,6 +226,10 @@ func lockSoftHSMTokens(module: String?) throws {
 
 /// The SoftHSM token lock this signctl holds, kept until it exits.
 let heldTokenLock = Mutex<SoftHSMFiles.TokenLock?>(nil)
+
+/// Set when a held signal stopped signctl while it waited for that lock,
+/// before the command did anything.
+let stoppedBeforeWriting = Mutex(false)
 
 /// How long signctl waits for another signctl using the same SoftHSM tokens, in seconds.
 let tokenLockSeconds = 60.0

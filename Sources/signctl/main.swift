@@ -320,7 +320,7 @@ let status = holdsSignalsThroughout(words)
         // so the exit status says "interrupted" even where the command was
         // done: say which one counts.
         let held = ProcessControl.heldTerminationSignal
-        if held != 0 {
+        if held != 0 && !stoppedBeforeWriting.withLock({ $0 }) {
             let name = [SIGINT: "SIGINT", SIGTERM: "SIGTERM", SIGHUP: "SIGHUP", SIGQUIT: "SIGQUIT"][held] ?? "signal \(held)"
             FileHandle.standardError.write(Data("stopping for \(name) now that the command has run to its end: what it printed above is what it did (the exit status is the signal's, \(128 + held) in a shell)\n".utf8))
         }

@@ -366,6 +366,8 @@ struct SignctlCosmeticsTests {
         #expect(stderr.contains("stopped while waiting for the lock on the SoftHSM tokens") && stderr.contains("nothing was changed"), "\(stderr)")
         // It said "writing to the token: stopping once the write is done" while nothing was being written.
         #expect(stderr.hasPrefix("waiting: another process") && stderr.contains("\nstopping: nothing was written yet\n") && !stderr.contains("writing to the token"), "\(stderr)")
+        // Nor "now that the command has run to its end": it was stopped before it began.
+        #expect(!stderr.contains("run to its end"), "\(stderr)")
         let hsm = try inProcessToken(token)  // signerd's own code takes no lock
         defer { hsm.close() }
         #expect(throws: HSMError.self, "the key was imported") { try hsm.publicKey(keyID: "INTR000001") }

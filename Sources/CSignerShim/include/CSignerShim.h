@@ -55,8 +55,9 @@ int CSignerShim_release_termination_signals(void);
 int CSignerShim_held_termination_signal(void);
 
 /// Says whether the held command has written nothing yet (1: it is still
-/// waiting, for a lock), so that the note written for a held signal says
-/// that rather than "writing to the token". Async-signal-safe to read.
+/// waiting, for a lock), so that the note the signal handler writes for a
+/// held signal says that rather than "writing to the token". The handler
+/// reads it as a `volatile sig_atomic_t`.
 void CSignerShim_set_hold_before_write(int before_write);
 
 /// A log callback receiving a formatted, NUL-terminated message.
