@@ -426,7 +426,9 @@ public final class HSMToken: @unchecked Sendable {
     ///
     /// While logged in no `C_Login` is made (the token would not check the
     /// PIN): a PIN that differs from the one in use is logged as
-    /// `pin_changed` (notice), since it is first sent at the next login.
+    /// `pin_changed` (notice) when the token is up, since it is first sent
+    /// at the next login (while the token is down, recovery's next login
+    /// sends it within seconds).
     /// A URI with `pin-value` is logged as `pin_value_in_uri`, as at start.
     /// - Parameter uri: the (possibly changed) token URI; only its PIN source is used.
     /// - Throws: the PIN source errors, or ``HSMError/Code/pinRejected`` if the
@@ -452,12 +454,12 @@ public final class HSMToken: @unchecked Sendable {
             defer { current = newPIN }
             return !current.hasSameBytes(as: newPIN)
         }
-        let wasRejected: Bool = state.withLock { state in
+        let (wasRejected, wasUp): (Bool, Bool) = state.withLock { state in
             if case .pinRejected = state.status {
                 state.status = .up
-                return true
+                return (true, false)
             }
-            return false
+            return (false, state.status == .up)
         }
         if wasRejected {
             do {
@@ -467,7 +469,8 @@ public final class HSMToken: @unchecked Sendable {
                 throw error
             }
             logger.notice("token_up", ["token.label": .string(label), "reason": "pin_reloaded"])
-        } else if changed {
+        } else if changed && wasUp {
+            // Down, recovery's next login uses the new PIN within seconds, and says so if it is refused.
             // Logged in, the token takes no PIN (C_Login answers
             // CKR_USER_ALREADY_LOGGED_IN without checking one): a wrong new
             // PIN would show only at the next login, after an outage, as an

@@ -345,6 +345,12 @@ struct SessionFaultTests {
         #expect(events("pin_value_in_uri").count == 1, "\(lines.lines)")
         #expect(events("pin_changed").count == 2, "back to the right PIN is a change too")
         #expect(!lines.lines.joined().contains(rightPIN), "a PIN reached the log")
+        // Down, recovery's next login uses the new PIN within seconds: "stays logged in" would be false.
+        faults.outage(.deviceError, seconds: 3)  // recovery cannot bring it up meanwhile
+        hsm.markDown(reason: "test")
+        #expect(hsm.status != .up)
+        try hsm.reloadPIN(from: other)
+        #expect(events("pin_changed").count == 2, "pin_changed while the token is down: \(lines.lines)")
     }
 
     /// signctl, which an operator may just run again, spent the last try.
