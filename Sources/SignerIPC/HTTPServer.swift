@@ -843,17 +843,17 @@ public final class HTTPServer: @unchecked Sendable {
         HTTPServer.server(context).noteLibraryMessage(message.map { String(cString: $0) } ?? "")
     }
 
-    /// Logs a message of libmicrohttpd's as `http_library`: a warning, or
-    /// at debug once ``stop()`` closes the connections, when one that was
-    /// being read reports its closure ("Connection socket is closed when
-    /// reading request …", a race inside `MHD_stop_daemon`; an operator
-    /// audit saw it after a clean `SIGTERM`).
+    /// Logs a message of libmicrohttpd's as `http_library`: a warning, but
+    /// at debug for a connection's closure ("Connection socket is closed
+    /// …") once ``stop()`` closes the connections: a race inside
+    /// `MHD_stop_daemon` with its own read, which an operator audit saw
+    /// after a clean `SIGTERM`. Other messages during the stop stay warnings.
     func noteLibraryMessage(_ message: String) {
         // Said whenever the access handler returns MHD_NO, which signerd does
         // only after it wrote its own answer on the socket (a 431, or the
         // watchdog's 503) and wants the connection closed: not an error.
         if message.hasPrefix("Application reported internal error") { return }
-        if closingConnections.load(ordering: .acquiring) {
+        if closingConnections.load(ordering: .acquiring) && message.hasPrefix("Connection socket is closed") {
             logger.debug("http_library", ["detail": .string(message), "phase": "stop"])
             return
         }
