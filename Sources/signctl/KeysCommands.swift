@@ -361,7 +361,10 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     do {
         try ECPrivateKeyMaterial.checkFileOpens(path)
     } catch {
-        guard let unreadable = unreadableFile(path) else { throw error }
+        // The file, or a directory on its path this user may not search (as verify's --public-key).
+        var info = stat()
+        let searchDenied = stat(path, &info) != 0 && errno == EACCES
+        guard let unreadable = unreadableFile(path) ?? (searchDenied ? "this user (uid \(geteuid())) may not search a directory on the path to \(path)" : nil) else { throw error }
         // This user may not read it: a permission problem (sysexits 77), not bad data.
         var failure = CommandFailure(.noPermission, error.description, hint: "\(unreadable): run signctl as the file's owner or as root")
         failure.errorCode = error.code.rawValue

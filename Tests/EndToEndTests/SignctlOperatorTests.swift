@@ -1157,6 +1157,11 @@ struct SignctlHintTests {
         #expect(denied.status == 77, "\(denied.stderr)")
         #expect(denied.stderr.hasPrefix("error: key_file_unreadable: cannot open \(key): Permission denied"), "\(denied.stderr)")
         #expect(denied.stderr.contains("hint: this user (uid 65534) may not read \(key) (owner uid 0, mode 600): run signctl as the file's owner or as root"), "\(denied.stderr)")
+        // Behind a directory this user may not search: the same exit as verify's --public-key there (77), not 65.
+        chmod(key, 0o644)
+        chmod(directory, 0o700)
+        let closed = SignctlHintTests.runSignctlUnprivileged(["keys", "import", key])
+        #expect(closed.status == 77 && closed.stderr.contains("hint: this user (uid 65534) may not search a directory on the path to \(key)"), "\(closed.stderr)")
     }
 
     @Test("verify says permission denied for a --public-key file this user may not read (77)",
