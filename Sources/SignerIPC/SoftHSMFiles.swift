@@ -47,8 +47,8 @@ public enum SoftHSMFiles {
     public static func tokenMissingHint(module: String?) -> String? {
         guard let directory = tokenDirectory(module: module) else { return nil }
         let source = ProcessInfo.processInfo.environment["SOFTHSM2_CONF"] != nil ? "from SOFTHSM2_CONF" : "SOFTHSM2_CONF is not set"
-        return "SoftHSM looked in \(directory) (directories.tokendir in \(configurationFile), \(source)): check that this is the configuration the token was made with, "
-            + "and that its directory is there and belongs to the user signerd runs as; a token that was there and now counts as uninitialized had its token.object cut short "
+        return "check token= in token_uri; SoftHSM looked in \(directory) (directories.tokendir in \(configurationFile), \(source)): check that this is the configuration the token was made with, "
+            + "and that the token's directory is there, made by the user signerd runs as (runuser -u signerd -- signctl token init); a token that was there and now counts as uninitialized had its token.object cut short "
             + "(a process ended while writing it, a full disk): restore the copy of its token directory"
     }
 

@@ -864,7 +864,7 @@ struct SignctlHintTests {
         let start = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", config], environment: hsm.environment)
         #expect(start.status == 69, "\(start.stderr)")
         let failed = start.stderr.split(separator: "\n").first { $0.contains("\"token_open_failed\"") }
-        #expect(failed?.contains("\"hint\":\"SoftHSM looked in \(hsm.directory)/tokens (directories.tokendir in \(hsm.directory)/softhsm2.conf, from SOFTHSM2_CONF)") == true, "\(start.stderr)")
+        #expect(failed?.contains("\"hint\":\"check token= in token_uri; SoftHSM looked in \(hsm.directory)/tokens (directories.tokendir in \(hsm.directory)/softhsm2.conf, from SOFTHSM2_CONF)") == true, "\(start.stderr)")
     }
 
     /// `token init` as root makes files only root can read; SoftHSM run as
