@@ -90,8 +90,6 @@ public struct SocketFileIdentity: Sendable, Equatable {
 
 /// The daemon's listening Unix socket.
 public enum UnixListener {
-    /// Creates, binds and listens on `path`.
-    ///
     /// Refuses a path another process listens on, without changing
     /// anything: the check ``bind(path:mode:group:)`` makes, for a caller
     /// with work to do before it binds (signerd logs in to the token, which
@@ -108,6 +106,8 @@ public enum UnixListener {
         }
     }
 
+    /// Creates, binds and listens on `path`.
+    ///
     /// A stale socket file is replaced only if it is a socket nobody
     /// listens on; any other file at the path is left alone and refused.
     /// The file gets `mode` and, when given, `group`, with no window in

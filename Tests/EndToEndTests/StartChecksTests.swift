@@ -131,10 +131,6 @@ struct CheckConfigTests {
         #expect(!inURI.stdout.contains(pin) && !inURI.stderr.contains(pin), "no PIN in the output")
     }
 
-    /// A root signerd bound its socket, then chown/chmod by path: in a
-    /// directory another user could write, that user swapped the socket for
-    /// a link to /etc/shadow in between (an attack round won it on the
-    /// first or second start).
     /// A second signerd on the same configuration logged in to the token
     /// (SoftHSM rewrites its token file at C_Login) before it found the
     /// socket taken (an operator runbook audit).
@@ -151,6 +147,10 @@ struct CheckConfigTests {
         #expect(daemon.verifies(try daemon.client().send("POST", "/v1/sign/promotional-offer", body: Array(request.utf8))))
     }
 
+    /// A root signerd bound its socket, then chown/chmod by path: in a
+    /// directory another user could write, that user swapped the socket for
+    /// a link to /etc/shadow in between (an attack round won it on the
+    /// first or second start).
     @Test("a socket directory others may write without the sticky bit, or another user's, is refused at start (69) and warned of by --check-config; a sticky one is not",
           .enabled(if: geteuid() == 0, "giving the directory to another uid needs root"))
     func unsafeSocketDirectory() throws {
