@@ -32,8 +32,9 @@ public final class InProcessDaemon: @unchecked Sendable {
     ///   - sessions: `session_pool_size`.
     ///   - socketMode: the socket file's mode (its directory is made
     ///     searchable by all when others may connect).
+    ///   - logLevel: the least level ``logLines`` collects.
     ///   - configure: changes to the configuration before the service starts.
-    public init(signTimeoutMs: Int = 1000, sessions: Int = 4, socketMode: mode_t = 0o600,
+    public init(signTimeoutMs: Int = 1000, sessions: Int = 4, socketMode: mode_t = 0o600, logLevel: LogLevel = .info,
                 configure: (inout SignerConfiguration) -> Void = { _ in }) throws {
         let made = try SoftHSMFixture.shared.makeToken("daemon")
         directory = TemporaryDirectory.make(prefix: "signerd-inproc")
@@ -57,7 +58,7 @@ public final class InProcessDaemon: @unchecked Sendable {
         configure(&config)
         let lines = LineCollector()
         logLines = lines
-        let logger = Logger(minimumLevel: .info) { line in lines.append(line) }
+        let logger = Logger(minimumLevel: logLevel) { line in lines.append(line) }
         var options = TokenOptions()
         options.sessionPoolSize = sessions
         options.logger = logger
