@@ -295,6 +295,9 @@ public struct SignerConfiguration: Sendable, Equatable {
             return try parseFields(bytes)
         } catch let error as APIError {
             switch error.code {
+            case .unknownField where error.field?.contains(".") == true:
+                // Inside keys[]: its own fields, not the top level's.
+                throw ConfigurationError("unknown configuration key \(error.message)")
             case .unknownField:
                 throw ConfigurationError("unknown configuration key \(error.field ?? "?"); known keys: \(knownKeys.sorted().joined(separator: ", "))")
             case .invalidJSON:

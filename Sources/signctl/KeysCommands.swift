@@ -251,7 +251,7 @@ func pinSourceHint(_ pinSource: String?, configPath: String) -> String {
 func tokenInit(_ words: [String]) throws -> ExitCode {
     let arguments = try Arguments(words, options: ["label", "pin-file", "so-pin-file", "module"], flags: [])
     if arguments.flag("help") {
-        print("usage: signctl token init --label LABEL --pin-file F --so-pin-file F [--module PATH]\n\nInitializes a free token (SoftHSM) and sets its PINs, read from files (mode 0600).\nIdempotent: an initialized token with the label is left alone; one without a user PIN gets it.\nBoth PINs are checked against the token's PIN length limits before anything changes.\nThe same PIN as user and SO PIN is allowed, with a warning on stderr.")
+        print("usage: signctl token init --label LABEL --pin-file F --so-pin-file F [--module PATH]\n\nInitializes a free token (SoftHSM's module unless --module; no configuration is read) and sets its PINs,\nread from files no other user may read (mode 0600, or 0640 with signerd's group).\nIdempotent: an initialized token with the label is left alone; one without a user PIN gets it.\nBoth PINs are checked against the token's PIN length limits before anything changes.\nThe same PIN as user and SO PIN is allowed, with a warning on stderr.")
         return .success
     }
     _ = try arguments.positionals(0, "")

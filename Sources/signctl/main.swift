@@ -8,7 +8,8 @@ usage: signctl [--config FILE] [--json] <command> [options]
 
 Token and keys (talk to the PKCS#11 token named by token_uri in the config):
   token init --label LABEL --pin-file F --so-pin-file F [--module PATH]
-                         initialize a development token (SoftHSM); PINs come from files
+                         initialize a development token (SoftHSM's module unless --module;
+                         reads no configuration); PINs come from files
                          no other user may read (0600, or 0640 with signerd's group)
   token change-pin --new-pin-file F
                          change the user PIN (C_SetPIN) from the one token_uri's pin-source gives;
@@ -45,7 +46,9 @@ Offline checks (no daemon, no token):
                          decode and verify any signerd JWS; prints header and claims
 
 Options:
-  --config FILE          configuration (default \(SignerConfiguration.defaultPath))
+  --config FILE          configuration (default: $SIGNERD_CONFIG, else \(SignerConfiguration.defaultPath))
+  --json                 JSON output, failures included, for the commands that have it
+                         (before or after the command)
   --final-try            log in even when the token says one more wrong user PIN locks it
                          (CKF_USER_PIN_FINAL_TRY); without it signctl stops first (77)
   -h, --help             this help

@@ -45,6 +45,19 @@ struct ConfigurationTests {
         #expect(error?.message.contains("got a number written with a fraction or an exponent (1.5)") == true, "\(error?.message ?? "")")
     }
 
+    /// An unknown member of a keys[] entry was named, then followed by the
+    /// top level's keys (a documentation audit).
+    @Test("an unknown key, at the top or in a keys[] entry, is named with the keys allowed there")
+    func unknownKeyNamed() throws {
+        let top = #expect(throws: ConfigurationError.self) { try parse(#"{"token_uri": "\#(Self.uri)", "socket_pth": "/x"}"#) }
+        #expect(top?.message.hasPrefix("unknown configuration key socket_pth; known keys: ") == true && top?.message.contains("socket_path") == true, "\(top?.message ?? "")")
+        let entry = #expect(throws: ConfigurationError.self) {
+            try parse(#"{"token_uri": "\#(Self.uri)", "keys": [{"key_id": "ABC123DEFG", "bundle_ids": ["a"], "bundle_id": "a"}]}"#)
+        }
+        #expect(entry?.message.contains("keys[0].bundle_id is not a field of keys[0] (fields are: allowed_uids, bundle_ids, issuer_id, key_id)") == true, "\(entry?.message ?? "")")
+        #expect(entry?.message.contains("socket_path") == false, "\(entry?.message ?? "")")
+    }
+
     @Test("a full configuration parses with its values")
     func full() throws {
         let config = try parse("""
