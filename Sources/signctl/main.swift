@@ -33,8 +33,8 @@ Daemon (talk to signerd over its Unix socket, socket_path in the config):
   sign promotional-offer-v2 --bundle-id B --product-id P --offer-id O [--transaction-id T] [--key-id K] [--json]
   sign introductory-offer-eligibility --bundle-id B --product-id P --transaction-id T
                          --allow-introductory-offer true|false [--key-id K] [--json]
-  sign advanced-commerce-request --bundle-id B --request JSON [--key-id K] [--json]
-  sign server-api-token --bundle-id B [--ttl-seconds N] [--key-id K] [--json]
+  sign advanced-commerce-request --bundle-id B --request JSON_OBJECT [--key-id K] [--json]
+  sign server-api-token --bundle-id B [--ttl-seconds 1..3600] [--key-id K] [--json]
   bench [--concurrency N] [--duration S | --requests N] [--endpoint E] [--verify] [--json]
   bench --direct [--concurrency N] [--duration S | --requests N] [--key-id K] [--verify] [--json]
                          load generator over the socket, or the in-process PKCS#11 baseline
