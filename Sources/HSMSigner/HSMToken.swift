@@ -142,6 +142,9 @@ public final class HSMToken: @unchecked Sendable {
         /// (device and module failures) or may first try new sessions.
         var needsReinitialize = false
         var closed = false
+        /// Set by ``HSMToken/stopRecovering()``: no recovery starts, and a
+        /// running one ends before its next step.
+        var recoveryStopped = false
 
         /// Drops the cached objects of `keyID` (nil: of every key) and bumps
         /// ``keysEpoch``, so that look-ups begun before cache nothing.
@@ -232,6 +235,16 @@ public final class HSMToken: @unchecked Sendable {
             throw error
         }
         logger.info("token_opened", ["token.label": .string(info.label), "token.serial": .string(info.serial), "pool.capacity": .int(Int64(capacity))])
+    }
+
+    /// Stops recovery for good without closing the token: an outage from
+    /// now on is logged and marks the token down, but nothing tries to bring
+    /// it back, and a recovery under way ends before its next step. A
+    /// daemon that is stopping calls it first: recovery's login and test
+    /// signature are new PKCS#11 work, which can hang in a module that
+    /// already hangs, for a token that is about to be closed.
+    public func stopRecovering() {
+        state.withLock { $0.recoveryStopped = true }
     }
 
     /// Closes every session and releases the module (the last user finalizes it).
@@ -1080,7 +1093,7 @@ public final class HSMToken: @unchecked Sendable {
                 state.dropKeys()
                 wentDown = true
             }
-            guard !state.recovering else { return (wentDown, false) }
+            guard !state.recovering, !state.recoveryStopped else { return (wentDown, false) }
             state.recovering = true
             return (wentDown, true)
         }
@@ -1103,7 +1116,7 @@ public final class HSMToken: @unchecked Sendable {
     /// its thread could not be made when the token went down.
     private func restartRecoveryIfIdle() {
         let restart = state.withLock { state in
-            guard case .down = state.status, !state.recovering, !state.closed else { return false }
+            guard case .down = state.status, !state.recovering, !state.closed, !state.recoveryStopped else { return false }
             state.recovering = true
             return true
         }
@@ -1147,7 +1160,7 @@ public final class HSMToken: @unchecked Sendable {
             attempt += 1
             let jitter = Double.random(in: 0.5...1.0)
             usleep(useconds_t(min(backoff * jitter, options.recoveryMaximumBackoff) * 1_000_000))
-            if state.withLock({ $0.closed }) {
+            if state.withLock({ $0.closed || $0.recoveryStopped }) {
                 state.withLock { $0.recovering = false }
                 return
             }

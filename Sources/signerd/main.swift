@@ -430,6 +430,10 @@ func runDaemon() -> Never {
         // an idle token check start new PKCS#11 work.
         reloads.refuseNewRuns()
         tokenChecks.refuseNewRuns()
+        // Nor recovery: a call hung now (a request's, or an idle check's)
+        // marks the token down at sign_timeout_ms, and recovery's login and
+        // test signature would go into the module that hangs.
+        token.stopRecovering()
         let listening = server.stopAccepting()
         removeSocketFile()
         // Connections whose connect() returned but that libmicrohttpd had

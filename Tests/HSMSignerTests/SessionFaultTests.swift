@@ -312,6 +312,22 @@ struct SessionFaultTests {
         #expect(warned.first?.contains("\"final_try\":\(finalTry)") == true, "\(warned)")
     }
 
+    /// A daemon that is stopping must start no new PKCS#11 work: a call hung
+    /// at SIGTERM took the token down at sign_timeout_ms, and recovery's test
+    /// signature went into the hanging module (HungModuleTests found it).
+    @Test("after stopRecovering(), an outage is marked down but nothing recovers: no new session, no login")
+    func noRecoveryOnceStopping() throws {
+        let setup = try Self.setUp("no-recovery")
+        defer { setup.hsm.close() }
+        #expect(try Self.signAndVerify(setup))
+        let (logins, opened) = (setup.faults.calls(.login), setup.faults.calls(.openSession))
+        setup.hsm.stopRecovering()
+        setup.hsm.markDown(reason: "CKR_DEVICE_ERROR")
+        usleep(600_000)  // recovery's first step comes well within this
+        #expect(setup.hsm.status == .down(reason: "CKR_DEVICE_ERROR"))
+        #expect(setup.faults.calls(.login) == logins && setup.faults.calls(.openSession) == opened, "recovery ran after stopRecovering()")
+    }
+
     /// A reload that changed the PIN while logged in said nothing: a wrong
     /// new PIN showed only at the next login, after an outage, as an outage
     /// that did not end (an operator runbook audit). And a reload that put

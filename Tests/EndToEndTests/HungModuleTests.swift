@@ -1,0 +1,67 @@
+import Foundation
+import Testing
+import TestSupport
+
+/// The signerd process over a PKCS#11 module whose `C_Sign` hangs:
+/// scripts/pkcs11-hang-shim.c, a seam in front of SoftHSM's function table
+/// in the daemon's own process, which the in-process fault injector cannot
+/// reach.
+@Suite("signerd over a PKCS#11 module whose C_Sign hangs (a shim in front of SoftHSM)", .serialized)
+struct HungModuleTests {
+    /// The shim, built with the system's C compiler (or the Swift
+    /// toolchain's clang); nil when there is none.
+    static let shim: String? = {
+        let directories = (ProcessInfo.processInfo.environment["PATH"] ?? "/usr/bin").split(separator: ":").map(String.init)
+        let compiler = ["cc", "clang"].lazy.flatMap { name in directories.map { $0 + "/" + name } }
+            .first { FileManager.default.isExecutableFile(atPath: $0) }
+        guard let compiler else { return nil }
+        let output = TemporaryDirectory.make(prefix: "signerd-shim") + "/pkcs11-hang-shim.so"
+        let built = runProgram(compiler, ["-shared", "-fPIC", Binaries.root + "/scripts/pkcs11-hang-shim.c", "-o", output, "-ldl"])
+        return built.status == 0 ? output : nil
+    }()
+
+    /// The lines the shim has logged, one per `C_Sign` that holds a buffer.
+    static func signCalls(_ log: String) -> Int {
+        ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").split(separator: "\n").count
+    }
+
+    /// The idle token check (`token_check_seconds`) runs on a thread of its
+    /// own. An attack round, with a shim like this one, found that a check
+    /// could start after SIGTERM, and that one hung in the module at stop
+    /// kept signerd from exiting; neither had a test in the suite. This
+    /// test then found that the hung check, written off at
+    /// `sign_timeout_ms`, took the token down during the stop and started
+    /// recovery, whose test signature went into the hanging module too.
+    @Test("SIGTERM while the idle token check hangs in C_Sign: token_check_unfinished, exit 0 within sign_timeout_ms + 5 s, and no C_Sign after SIGTERM",
+          .enabled(if: shim != nil, "needs a C compiler (cc or clang) to build scripts/pkcs11-hang-shim.c"))
+    func sigtermDuringHungTokenCheck() throws {
+        let shim = try #require(Self.shim)
+        let daemon = try DaemonHarness()
+        let hang = daemon.directory + "/hang"
+        let log = daemon.directory + "/c_sign.log"
+        let uri = daemon.tokenURI.replacingOccurrences(of: #"module-path=[^&?;]*"#, with: "module-path=\(shim)", options: .regularExpression)
+        try #require(uri.contains(shim))
+        try daemon.writeConfig(["token_uri": uri, "token_check_seconds": 1, "sign_timeout_ms": 1000])
+        try daemon.start(extraEnvironment: ["SIGNERD_SHIM_HANG": hang, "SIGNERD_SHIM_LOG": log])
+        defer { try? FileManager.default.removeItem(atPath: hang) }
+        #expect(Self.signCalls(log) >= 1, "the start's self-test signed through the shim")
+        // From now on every C_Sign hangs: the next idle check goes in and stays.
+        #expect(FileManager.default.createFile(atPath: hang, contents: nil))
+        let before = Self.signCalls(log)
+        let deadline = Date().addingTimeInterval(10)
+        while Self.signCalls(log) == before && Date() < deadline { usleep(50_000) }
+        try #require(Self.signCalls(log) == before + 1, "no idle token check came within 10 s: \(daemon.log.suffix(5))")
+        let atTerm = Self.signCalls(log)
+        let process = try #require(daemon.process)
+        let terminated = Date()
+        daemon.send(SIGTERM)
+        while process.isRunning && Date().timeIntervalSince(terminated) < 30 { usleep(20_000) }
+        let took = Date().timeIntervalSince(terminated)
+        let status = daemon.stop()
+        #expect(status == 0)
+        // sign_timeout_ms + 5 s for the check, up to 2 s for C_Finalize to wait on the call, and a margin.
+        #expect(took < 1 + 5 + 2 + 3, "signerd took \(took) s to stop with a token check hung in C_Sign")
+        #expect(!daemon.logged { $0.contains("\"token_check_unfinished\"") }.isEmpty, "\(daemon.log.suffix(6))")
+        #expect(Self.signCalls(log) == atTerm, "a C_Sign started after SIGTERM: \(daemon.log.suffix(12))")
+    }
+}
