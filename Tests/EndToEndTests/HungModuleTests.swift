@@ -1,4 +1,6 @@
 import Foundation
+import SignerIPC
+import Synchronization
 import Testing
 import TestSupport
 
@@ -25,6 +27,32 @@ struct HungModuleTests {
         ((try? String(contentsOfFile: log, encoding: .utf8)) ?? "").split(separator: "\n").count
     }
 
+    /// Starts signerd with `token_uri`'s module-path pointing at the shim,
+    /// and `extra` settings.
+    /// - Returns: the daemon, the file whose presence makes C_Sign hang, and the shim's C_Sign log.
+    static func startOverShim(_ extra: [String: Any]) throws -> (daemon: DaemonHarness, hang: String, log: String) {
+        let shim = try #require(Self.shim)
+        let daemon = try DaemonHarness()
+        let hang = daemon.directory + "/hang"
+        let log = daemon.directory + "/c_sign.log"
+        let uri = daemon.tokenURI.replacingOccurrences(of: #"module-path=[^&?;]*"#, with: "module-path=\(shim)", options: .regularExpression)
+        try #require(uri.contains(shim))
+        try daemon.writeConfig(extra.merging(["token_uri": uri]) { $1 })
+        try daemon.start(extraEnvironment: ["SIGNERD_SHIM_HANG": hang, "SIGNERD_SHIM_LOG": log])
+        return (daemon, hang, log)
+    }
+
+    /// Sends SIGTERM and waits for the process itself to end (not for the log pipe).
+    /// - Returns: the seconds it took and the exit status.
+    static func terminate(_ daemon: DaemonHarness) throws -> (seconds: Double, status: Int32) {
+        let process = try #require(daemon.process)
+        let terminated = Date()
+        daemon.send(SIGTERM)
+        while process.isRunning && Date().timeIntervalSince(terminated) < 30 { usleep(20_000) }
+        let took = Date().timeIntervalSince(terminated)
+        return (took, daemon.stop())
+    }
+
     /// The idle token check (`token_check_seconds`) runs on a thread of its
     /// own. An attack round, with a shim like this one, found that a check
     /// could start after SIGTERM, and that one hung in the module at stop
@@ -35,14 +63,7 @@ struct HungModuleTests {
     @Test("SIGTERM while the idle token check hangs in C_Sign: token_check_unfinished, exit 0 within sign_timeout_ms + 5 s, and no C_Sign after SIGTERM",
           .enabled(if: shim != nil, "needs a C compiler (cc or clang) to build scripts/pkcs11-hang-shim.c"))
     func sigtermDuringHungTokenCheck() throws {
-        let shim = try #require(Self.shim)
-        let daemon = try DaemonHarness()
-        let hang = daemon.directory + "/hang"
-        let log = daemon.directory + "/c_sign.log"
-        let uri = daemon.tokenURI.replacingOccurrences(of: #"module-path=[^&?;]*"#, with: "module-path=\(shim)", options: .regularExpression)
-        try #require(uri.contains(shim))
-        try daemon.writeConfig(["token_uri": uri, "token_check_seconds": 1, "sign_timeout_ms": 1000])
-        try daemon.start(extraEnvironment: ["SIGNERD_SHIM_HANG": hang, "SIGNERD_SHIM_LOG": log])
+        let (daemon, hang, log) = try Self.startOverShim(["token_check_seconds": 1, "sign_timeout_ms": 1000])
         defer { try? FileManager.default.removeItem(atPath: hang) }
         #expect(Self.signCalls(log) >= 1, "the start's self-test signed through the shim")
         // From now on every C_Sign hangs: the next idle check goes in and stays.
@@ -52,16 +73,42 @@ struct HungModuleTests {
         while Self.signCalls(log) == before && Date() < deadline { usleep(50_000) }
         try #require(Self.signCalls(log) == before + 1, "no idle token check came within 10 s: \(daemon.log.suffix(5))")
         let atTerm = Self.signCalls(log)
-        let process = try #require(daemon.process)
-        let terminated = Date()
-        daemon.send(SIGTERM)
-        while process.isRunning && Date().timeIntervalSince(terminated) < 30 { usleep(20_000) }
-        let took = Date().timeIntervalSince(terminated)
-        let status = daemon.stop()
+        let (took, status) = try Self.terminate(daemon)
         #expect(status == 0)
         // sign_timeout_ms + 5 s for the check, up to 2 s for C_Finalize to wait on the call, and a margin.
         #expect(took < 1 + 5 + 2 + 3, "signerd took \(took) s to stop with a token check hung in C_Sign")
         #expect(!daemon.logged { $0.contains("\"token_check_unfinished\"") }.isEmpty, "\(daemon.log.suffix(6))")
         #expect(Self.signCalls(log) == atTerm, "a C_Sign started after SIGTERM: \(daemon.log.suffix(12))")
+    }
+
+    /// The same for a request's own C_Sign: tested in-process before, never
+    /// through the daemon's SIGTERM path.
+    @Test("SIGTERM while a request hangs in C_Sign: it is answered 503 at sign_timeout_ms, signerd exits 0 in bounded time, and no C_Sign starts after SIGTERM",
+          .enabled(if: shim != nil, "needs a C compiler (cc or clang) to build scripts/pkcs11-hang-shim.c"))
+    func sigtermDuringHungRequest() throws {
+        let (daemon, hang, log) = try Self.startOverShim(["token_check_seconds": 0, "sign_timeout_ms": 1000])
+        defer { try? FileManager.default.removeItem(atPath: hang) }
+        #expect(FileManager.default.createFile(atPath: hang, contents: nil))
+        let before = Self.signCalls(log)
+        let answer = Mutex<ClientResponse?>(nil)
+        let request = Thread {
+            let body = Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#.utf8)
+            let response = try? SignerClient(socketPath: daemon.socketPath, timeout: 30).send("POST", "/v1/sign/promotional-offer", body: body)
+            answer.withLock { $0 = response }
+        }
+        request.start()
+        let deadline = Date().addingTimeInterval(10)
+        while Self.signCalls(log) == before && Date() < deadline { usleep(20_000) }
+        try #require(Self.signCalls(log) == before + 1, "the request did not reach C_Sign: \(daemon.log.suffix(5))")
+        let atTerm = Self.signCalls(log)
+        let (took, status) = try Self.terminate(daemon)
+        #expect(status == 0)
+        #expect(took < 1 + 5 + 2 + 3, "signerd took \(took) s to stop with a request hung in C_Sign")
+        let waitForAnswer = Date().addingTimeInterval(5)
+        while answer.withLock({ $0 }) == nil && Date() < waitForAnswer { usleep(20_000) }
+        let response = answer.withLock { $0 }
+        #expect(response?.status == 503 && response?.error?.code == "hsm_unavailable", "\(String(describing: response))")
+        #expect(Self.signCalls(log) == atTerm, "a C_Sign started after SIGTERM: \(daemon.log.suffix(8))")
+        #expect(!FileManager.default.fileExists(atPath: daemon.socketPath))
     }
 }
