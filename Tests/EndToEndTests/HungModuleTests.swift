@@ -42,6 +42,20 @@ struct HungModuleTests {
         return (daemon, hang, log)
     }
 
+    /// Waits up to 10 s for one more C_Sign than `before` in the shim's log:
+    /// a call that is now hanging.
+    /// - Returns: the count of C_Sign calls then.
+    static func waitForHungCall(_ log: String, after before: Int, _ daemon: DaemonHarness, _ failure: String) throws -> Int {
+        let deadline = Date().addingTimeInterval(10)
+        while signCalls(log) == before && Date() < deadline { usleep(20_000) }
+        try #require(signCalls(log) == before + 1, "\(failure): \(daemon.log.suffix(5))")
+        return signCalls(log)
+    }
+
+    /// Seconds a stop may take with a call hung at SIGTERM and `sign_timeout_ms`
+    /// 1000: that plus 5 s for the call, up to 2 s for C_Finalize to wait on it, and a margin.
+    static let stopBound = 1.0 + 5 + 2 + 3
+
     /// Sends SIGTERM and waits for the process itself to end (not for the log pipe).
     /// - Returns: the seconds it took and the exit status.
     static func terminate(_ daemon: DaemonHarness) throws -> (seconds: Double, status: Int32) {
@@ -68,15 +82,10 @@ struct HungModuleTests {
         #expect(Self.signCalls(log) >= 1, "the start's self-test signed through the shim")
         // From now on every C_Sign hangs: the next idle check goes in and stays.
         #expect(FileManager.default.createFile(atPath: hang, contents: nil))
-        let before = Self.signCalls(log)
-        let deadline = Date().addingTimeInterval(10)
-        while Self.signCalls(log) == before && Date() < deadline { usleep(50_000) }
-        try #require(Self.signCalls(log) == before + 1, "no idle token check came within 10 s: \(daemon.log.suffix(5))")
-        let atTerm = Self.signCalls(log)
+        let atTerm = try Self.waitForHungCall(log, after: Self.signCalls(log), daemon, "no idle token check came within 10 s")
         let (took, status) = try Self.terminate(daemon)
         #expect(status == 0)
-        // sign_timeout_ms + 5 s for the check, up to 2 s for C_Finalize to wait on the call, and a margin.
-        #expect(took < 1 + 5 + 2 + 3, "signerd took \(took) s to stop with a token check hung in C_Sign")
+        #expect(took < Self.stopBound, "signerd took \(took) s to stop with a token check hung in C_Sign")
         #expect(!daemon.logged { $0.contains("\"token_check_unfinished\"") }.isEmpty, "\(daemon.log.suffix(6))")
         #expect(Self.signCalls(log) == atTerm, "a C_Sign started after SIGTERM: \(daemon.log.suffix(12))")
     }
@@ -97,13 +106,10 @@ struct HungModuleTests {
             answer.withLock { $0 = response }
         }
         request.start()
-        let deadline = Date().addingTimeInterval(10)
-        while Self.signCalls(log) == before && Date() < deadline { usleep(20_000) }
-        try #require(Self.signCalls(log) == before + 1, "the request did not reach C_Sign: \(daemon.log.suffix(5))")
-        let atTerm = Self.signCalls(log)
+        let atTerm = try Self.waitForHungCall(log, after: before, daemon, "the request did not reach C_Sign")
         let (took, status) = try Self.terminate(daemon)
         #expect(status == 0)
-        #expect(took < 1 + 5 + 2 + 3, "signerd took \(took) s to stop with a request hung in C_Sign")
+        #expect(took < Self.stopBound, "signerd took \(took) s to stop with a request hung in C_Sign")
         let waitForAnswer = Date().addingTimeInterval(5)
         while answer.withLock({ $0 }) == nil && Date() < waitForAnswer { usleep(20_000) }
         let response = answer.withLock { $0 }
