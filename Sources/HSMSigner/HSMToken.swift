@@ -145,6 +145,8 @@ public final class HSMToken: @unchecked Sendable {
         /// Set by ``HSMToken/stopRecovering()``: no recovery starts, and a
         /// running one ends before its next step.
         var recoveryStopped = false
+        /// Recovery is inside a step that calls the module (not between steps).
+        var recoveryStepRunning = false
 
         /// Drops the cached objects of `keyID` (nil: of every key) and bumps
         /// ``keysEpoch``, so that look-ups begun before cache nothing.
@@ -246,6 +248,12 @@ public final class HSMToken: @unchecked Sendable {
     public func stopRecovering() {
         state.withLock { $0.recoveryStopped = true }
     }
+
+    /// Whether a recovery step that calls the module is under way: after
+    /// ``stopRecovering()`` and ``close()``, one still running is inside a
+    /// PKCS#11 call that has not returned (a stopping daemon must then leave
+    /// without exit handlers). A recovery waiting between steps is not counted.
+    public var isRecovering: Bool { state.withLock { $0.recoveryStepRunning } }
 
     /// Closes every session and releases the module (the last user finalizes it).
     ///
@@ -1188,7 +1196,9 @@ public final class HSMToken: @unchecked Sendable {
                     return
                 }
             }
+            state.withLock { $0.recoveryStepRunning = true }
             let outcome = rebuild(reinitialize: reinitializing)
+            state.withLock { $0.recoveryStepRunning = false }
             switch outcome {
             case .success:
                 let recovered = state.withLock { state -> (String, UInt64)? in
@@ -1212,10 +1222,21 @@ public final class HSMToken: @unchecked Sendable {
             case .failure(let error) where error.code == .pinRejected:
                 state.withLock { $0.recovering = false }
                 return  // status already .pinRejected; login() logged it
+            case .failure where state.withLock({ $0.recoveryStopped || $0.closed }):
+                state.withLock { $0.recovering = false }
+                return
             case .failure(let error):
                 logger.debug("token_recovery_attempt_failed", ["attempt": .int(Int64(attempt)), "error": .string(error.returnValue?.name ?? error.code.rawValue)])
                 backoff = min(backoff * 2, options.recoveryMaximumBackoff)
             }
+        }
+    }
+
+    /// Throws `token_unavailable` once ``stopRecovering()`` was called or the
+    /// token closed: checked before each step of recovery that calls the module.
+    private func refuseOnceRecoveryStopped() throws(HSMError) {
+        if state.withLock({ $0.recoveryStopped || $0.closed }) {
+            throw HSMError(.tokenUnavailable, "recovery stopped: signerd is stopping")
         }
     }
 
@@ -1275,6 +1296,7 @@ public final class HSMToken: @unchecked Sendable {
             return (state.knownKeys.filter { state.expectedKeys?.contains($0) ?? true }.sorted(), state.keysEpoch)
         }
         do {
+            try refuseOnceRecoveryStopped()
             try reconnect(reinitialize: reinitialize)
             // Look the keys up again so the first request does not pay for
             // it, and sign once to prove the token signs again.
@@ -1385,7 +1407,10 @@ public final class HSMToken: @unchecked Sendable {
     }
 
     /// A session for recovery work, while the status is still down.
+    /// - Throws: `token_unavailable` at once once recovery was stopped
+    ///   (``stopRecovering()``) or the token closed: no new call starts.
     private func withSessionDuringRecovery<R>(_ body: (UInt) throws(HSMError) -> R) throws(HSMError) -> R {
+        try refuseOnceRecoveryStopped()
         let lease = try pool.checkout(deadline: MonotonicClock.deadline(after: options.sessionCheckoutTimeout))
         do {
             let result = try body(lease.handle)

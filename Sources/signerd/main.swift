@@ -440,13 +440,14 @@ func runDaemon() -> Never {
         // not accepted yet would be reset by the close: serve them too.
         let adopted = server.adoptPendingConnections(from: listening)
         if listening >= 0 { close(listening) }
-        // Every request in progress is answered within sign_timeout_ms (the watchdog sees to it).
-        let drained = server.waitForRequestsInProgress(seconds: Double(configuration.signTimeoutMs) / 1000 + 5)
-        // A reload may still be waiting on the token (a hung C_Login); its
-        // self-test may still be signing: the token is closed only after
-        // them, both within one more sign_timeout_ms + 5 s.
+        // One window, sign_timeout_ms + 5 s from here, for everything that
+        // may still be inside the token: requests in progress (answered
+        // within sign_timeout_ms by the watchdog), a reload waiting on it (a
+        // hung C_Login), its self-test, an idle token check. They run at
+        // once, so waiting for each in its own window only added them up.
         let settled = MonotonicClock.deadline(after: Double(configuration.signTimeoutMs) / 1000 + 5)
         func secondsLeft() -> Double { max(0, Double(Int64(bitPattern: settled &- MonotonicClock.now())) / 1e9) }
+        let drained = server.waitForRequestsInProgress(seconds: secondsLeft())
         let reloadFinished = reloads.stop(waitingSeconds: secondsLeft())
         if !reloadFinished {
             logger.warning("reload_unfinished", ["reason": "a reload is still waiting on the token (a login in progress, or a PKCS#11 call that does not return); signerd stops regardless"])
@@ -464,13 +465,18 @@ func runDaemon() -> Never {
         // hang) between stop()'s check for hung calls and its join of the
         // connection threads; close() waits for calls already inside.
         token.close()
+        // Stopped before its next call, a recovery still running is inside one that has not returned.
+        let recoveryLeft = token.isRecovering
+        if recoveryLeft {
+            logger.warning("recovery_unfinished", ["reason": "token recovery is still inside a PKCS#11 call; signerd stops regardless"])
+        }
         let joined = server.stop()
         logger.notice("signerd_stopped", ["drained": .bool(drained), "backlog_connections": .int(Int64(adopted))])
         // With a connection thread, a reload, a self-test or a token check left inside a hung call, exit(3)'s
         // atexit handlers and C++ static destructors (the PKCS#11 module's)
         // would run under it, and crashed the process once in a stress run:
         // leave without them. Log lines are already written (write(2)).
-        if !joined || !reloadFinished || !selfTestFinished || !tokenCheckFinished { _exit(0) }
+        if !joined || !reloadFinished || !selfTestFinished || !tokenCheckFinished || recoveryLeft { _exit(0) }
         exit(0)
     }
 }

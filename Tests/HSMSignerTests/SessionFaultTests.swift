@@ -328,6 +328,30 @@ struct SessionFaultTests {
         #expect(setup.faults.calls(.login) == logins && setup.faults.calls(.openSession) == opened, "recovery ran after stopRecovering()")
     }
 
+    /// stopRecovering() was checked only between recovery's attempts: one
+    /// inside its C_Login at SIGTERM went on to look the keys up, sign its
+    /// test digest and log token_up after shutdown_requested (an attack round).
+    @Test("stopRecovering() during a recovery step: the step makes no further call once the one in progress returns, and isRecovering says when it is inside one")
+    func recoveryStopsMidStep() throws {
+        let setup = try Self.setUp("recovery-mid-step")
+        defer { setup.hsm.close() }
+        #expect(try Self.signAndVerify(setup))
+        setup.faults.inject(.login, .ok, count: 1, delay: 0.8)  // recovery's login is slow, then succeeds
+        setup.hsm.markDown(reason: "CKR_DEVICE_ERROR")
+        let inLogin = MonotonicClock.deadline(after: 3)
+        while setup.faults.calls(.login) == 1 && MonotonicClock.now() < inLogin { usleep(10_000) }  // the start's login was the first
+        #expect(setup.hsm.isRecovering, "recovery is inside its C_Login")
+        let signs = setup.faults.calls(.sign)
+        let finds = setup.faults.calls(.findObjectsInit)
+        setup.hsm.stopRecovering()
+        let done = MonotonicClock.deadline(after: 5)
+        while setup.hsm.isRecovering && MonotonicClock.now() < done { usleep(10_000) }
+        usleep(300_000)
+        #expect(!setup.hsm.isRecovering)
+        #expect(setup.faults.calls(.sign) == signs && setup.faults.calls(.findObjectsInit) == finds, "recovery went on after stopRecovering()")
+        #expect(setup.hsm.status != .up)
+    }
+
     /// A reload that changed the PIN while logged in said nothing: a wrong
     /// new PIN showed only at the next login, after an outage, as an outage
     /// that did not end (an operator runbook audit). And a reload that put
