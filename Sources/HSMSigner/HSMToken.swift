@@ -674,7 +674,9 @@ public final class HSMToken: @unchecked Sendable {
             deadline = min(deadline, answerBy)
         }
         do {
-            return try pool.checkout(deadline: deadline)
+            // Sessions reset while this request waited: the token went down
+            // (recovery) or sessions died; only in the second case look again.
+            return try pool.checkout(deadline: deadline) { () throws(HSMError) in try checkUp() }
         } catch {
             var error = error
             error.tokenLabel = label

@@ -42,7 +42,7 @@ final class SessionPool: @unchecked Sendable {
     private enum Grant {
         case reuse(UInt, UInt64, UInt64)
         case openNew(UInt64, UInt64, UInt)
-        /// The pool was reset: look again.
+        /// The pool was reset: the caller may look again.
         case retry
     }
 
@@ -134,14 +134,22 @@ final class SessionPool: @unchecked Sendable {
 
     /// Leases a session, waiting until `deadline` (``MonotonicClock``
     /// nanoseconds) when all are in use.
+    /// - Parameter afterReset: called, without the pool's lock, when the
+    ///   pool was reset while this caller waited, before it looks again: it
+    ///   throws to give up (the token went down, and a fresh session would
+    ///   be opened into the module that failed).
     /// - Throws: ``HSMError/Code/sessionUnavailable`` on timeout; the
-    ///   `C_OpenSession` failure when opening one fails.
-    func checkout(deadline: UInt64) throws(HSMError) -> SessionLease {
+    ///   `C_OpenSession` failure when opening one fails; what `afterReset` throws.
+    func checkout(deadline: UInt64, afterReset: () throws(HSMError) -> Void = {}) throws(HSMError) -> SessionLease {
         // A grant is counted in `outstanding` by whoever makes it.
-        let next: Grant? = lock.withLock { waitForGrant(deadline: deadline) }
+        var next: Grant? = lock.withLock { waitForGrant(deadline: deadline) }
+        while case .retry? = next {
+            try afterReset()
+            next = lock.withLock { waitForGrant(deadline: deadline) }
+        }
         switch next {
         case .retry?:
-            preconditionFailure("a retry grant is consumed inside the loop")
+            preconditionFailure("a retry grant is handled by the loop above")
         case .reuse(let handle, let generation, let epoch):
             return SessionLease(handle: handle, generation: generation, epoch: epoch)
         case .openNew(let generation, let epoch, let slot):
@@ -190,7 +198,7 @@ final class SessionPool: @unchecked Sendable {
             }
             switch waiter.grant {
             case .retry?:
-                continue
+                return .retry  // the caller decides outside the lock whether to look again
             case let grant?:
                 return grant
             case nil:

@@ -114,6 +114,46 @@ struct SessionPoolTests {
         #expect(pool.leasesOut == 0)
     }
 
+    /// Requests waiting for a session when a hung call took the token down
+    /// were woken by recovery's reset and opened fresh sessions into the
+    /// hanging module: 16 sessions hung with a pool of 4 (an attack round).
+    @Test("a waiter woken by a reset asks afterReset first: it gives up when that throws (the token is down), and gets a fresh session when not (sessions merely died)")
+    func waiterAfterReset() throws {
+        let ledger = SessionLedger()
+        let pool = ledger.pool(capacity: 1)
+        for tokenDown in [true, false] {
+            let held = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+            let opened = ledger.next.load(ordering: .relaxed)
+            let outcome = Mutex<Result<SessionLease, HSMError>?>(nil)
+            let waiter = Thread {
+                let result = Result { () throws(HSMError) -> SessionLease in
+                    try pool.checkout(deadline: MonotonicClock.deadline(after: 5)) { () throws(HSMError) in
+                        if tokenDown { throw HSMError(.tokenUnavailable, "down") }
+                    }
+                }
+                outcome.withLock { $0 = result }
+            }
+            waiter.start()
+            let waiting = MonotonicClock.deadline(after: 2)
+            while pool.usage.waiting == 0 && MonotonicClock.now() < waiting { usleep(1_000) }
+            try #require(pool.usage.waiting == 1)
+            pool.reset(moduleReinitialized: false)
+            let answered = MonotonicClock.deadline(after: 2)
+            while outcome.withLock({ $0 }) == nil && MonotonicClock.now() < answered { usleep(1_000) }
+            switch outcome.withLock({ $0 }) {
+            case .failure(let error)?:
+                #expect(tokenDown && error.code == .tokenUnavailable, "\(error)")
+                #expect(ledger.next.load(ordering: .relaxed) == opened, "a session was opened for a waiter that gave up")
+            case .success(let lease)?:
+                #expect(!tokenDown, "the waiter took a fresh session while the token was down")
+                pool.discard(lease)
+            case nil:
+                Issue.record("the waiter was not answered after the reset")
+            }
+            pool.discard(held)
+        }
+    }
+
     @Test("freezeIfIdle refuses while a lease is out; once frozen no lease is granted until unfreeze")
     func freezeForReinitialization() throws {
         let ledger = SessionLedger()
