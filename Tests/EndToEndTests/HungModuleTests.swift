@@ -117,4 +117,25 @@ struct HungModuleTests {
         #expect(Self.signCalls(log) == atTerm, "a C_Sign started after SIGTERM: \(daemon.log.suffix(8))")
         #expect(!FileManager.default.fileExists(atPath: daemon.socketPath))
     }
+
+    /// The stop waited sign_timeout_ms + 5 s for requests, then as long again
+    /// for an idle check hung at the same time (23 s with the defaults in an
+    /// attack round); they now share one window from the signal.
+    @Test("SIGTERM with a request and the idle token check both hung in C_Sign: one window, not two (exit 0 within sign_timeout_ms + 5 s + 3 s and a margin)",
+          .enabled(if: shim != nil, "needs a C compiler (cc or clang) to build scripts/pkcs11-hang-shim.c"))
+    func sigtermDuringHungRequestAndCheck() throws {
+        let (daemon, hang, log) = try Self.startOverShim(["token_check_seconds": 1, "sign_timeout_ms": 1000])
+        defer { try? FileManager.default.removeItem(atPath: hang) }
+        #expect(FileManager.default.createFile(atPath: hang, contents: nil))
+        let checked = try Self.waitForHungCall(log, after: Self.signCalls(log), daemon, "no idle token check came within 10 s")
+        let request = Thread {
+            let body = Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#.utf8)
+            _ = try? SignerClient(socketPath: daemon.socketPath, timeout: 30).send("POST", "/v1/sign/promotional-offer", body: body)
+        }
+        request.start()
+        _ = try Self.waitForHungCall(log, after: checked, daemon, "the request did not reach C_Sign")
+        let (took, status) = try Self.terminate(daemon)
+        #expect(status == 0)
+        #expect(took < Self.stopBound, "signerd took \(took) s to stop with a request and a token check hung in C_Sign")
+    }
 }
