@@ -1170,7 +1170,7 @@ public final class HSMToken: @unchecked Sendable {
             attempt += 1
             let jitter = Double.random(in: 0.5...1.0)
             usleep(useconds_t(min(backoff * jitter, options.recoveryMaximumBackoff) * 1_000_000))
-            if state.withLock({ $0.closed || $0.recoveryStopped }) {
+            if recoveryHalted {
                 state.withLock { $0.recovering = false }
                 return
             }
@@ -1224,7 +1224,7 @@ public final class HSMToken: @unchecked Sendable {
             case .failure(let error) where error.code == .pinRejected:
                 state.withLock { $0.recovering = false }
                 return  // status already .pinRejected; login() logged it
-            case .failure where state.withLock({ $0.recoveryStopped || $0.closed }):
+            case .failure where recoveryHalted:
                 state.withLock { $0.recovering = false }
                 return
             case .failure(let error):
@@ -1234,10 +1234,14 @@ public final class HSMToken: @unchecked Sendable {
         }
     }
 
+    /// Whether recovery must make no further call: ``stopRecovering()`` was
+    /// called or the token closed.
+    private var recoveryHalted: Bool { state.withLock { $0.recoveryStopped || $0.closed } }
+
     /// Throws `token_unavailable` once ``stopRecovering()`` was called or the
     /// token closed: checked before each step of recovery that calls the module.
     private func refuseOnceRecoveryStopped() throws(HSMError) {
-        if state.withLock({ $0.recoveryStopped || $0.closed }) {
+        if recoveryHalted {
             throw HSMError(.tokenUnavailable, "recovery stopped: signerd is stopping")
         }
     }

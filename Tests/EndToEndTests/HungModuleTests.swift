@@ -52,6 +52,16 @@ struct HungModuleTests {
         return signCalls(log)
     }
 
+    /// Sends one classic signing request on a thread of its own and hands
+    /// its answer (nil: none, e.g. the connection closed) to `done`.
+    static func signInBackground(_ daemon: DaemonHarness, then done: @escaping @Sendable (ClientResponse?) -> Void = { _ in }) {
+        let socketPath = daemon.socketPath
+        Thread {
+            let body = Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#.utf8)
+            done(try? SignerClient(socketPath: socketPath, timeout: 30).send("POST", "/v1/sign/promotional-offer", body: body))
+        }.start()
+    }
+
     /// Seconds a stop may take with a call hung at SIGTERM and `sign_timeout_ms`
     /// 1000: that plus 5 s for the call, up to 2 s for C_Finalize to wait on it, and a margin.
     static let stopBound = 1.0 + 5 + 2 + 3
@@ -100,12 +110,7 @@ struct HungModuleTests {
         #expect(FileManager.default.createFile(atPath: hang, contents: nil))
         let before = Self.signCalls(log)
         let answer = Mutex<ClientResponse?>(nil)
-        let request = Thread {
-            let body = Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#.utf8)
-            let response = try? SignerClient(socketPath: daemon.socketPath, timeout: 30).send("POST", "/v1/sign/promotional-offer", body: body)
-            answer.withLock { $0 = response }
-        }
-        request.start()
+        Self.signInBackground(daemon) { response in answer.withLock { $0 = response } }
         let atTerm = try Self.waitForHungCall(log, after: before, daemon, "the request did not reach C_Sign")
         let (took, status) = try Self.terminate(daemon)
         #expect(status == 0)
@@ -128,11 +133,7 @@ struct HungModuleTests {
         defer { try? FileManager.default.removeItem(atPath: hang) }
         #expect(FileManager.default.createFile(atPath: hang, contents: nil))
         let checked = try Self.waitForHungCall(log, after: Self.signCalls(log), daemon, "no idle token check came within 10 s")
-        let request = Thread {
-            let body = Array(#"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#.utf8)
-            _ = try? SignerClient(socketPath: daemon.socketPath, timeout: 30).send("POST", "/v1/sign/promotional-offer", body: body)
-        }
-        request.start()
+        Self.signInBackground(daemon)
         _ = try Self.waitForHungCall(log, after: checked, daemon, "the request did not reach C_Sign")
         let (took, status) = try Self.terminate(daemon)
         #expect(status == 0)
