@@ -74,6 +74,10 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
     public var field: String?
     /// Seconds before a retry may succeed (sent as `Retry-After`).
     public var retryAfter: Int?
+    /// For a number beyond what signerd reads, the number as the message
+    /// quotes it, so that a request type can say its field's own range
+    /// instead (``FieldReader/init(json:allowed:exactNumbers:integerRanges:)``).
+    var numberSent: String?
 
     /// Makes an error.
     /// - Parameters:

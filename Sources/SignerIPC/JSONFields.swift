@@ -214,7 +214,9 @@ public enum JSONValue: Sendable, Equatable, Codable {
     }
 
     private static func inexact(_ text: String, path: String) -> APIError {
-        APIError(.invalidField, "\(path.isEmpty ? "the value" : path) is \(text), beyond the numbers signerd signs exactly: integers from -9223372036854775808 to 9223372036854775807, written without a fraction or exponent", field: path.isEmpty ? nil : path)
+        var error = APIError(.invalidField, "\(path.isEmpty ? "the value" : path) is \(text), beyond the numbers signerd signs exactly: integers from -9223372036854775808 to 9223372036854775807, written without a fraction or exponent", field: path.isEmpty ? nil : path)
+        error.numberSent = text
+        return error
     }
 
     /// The path of the first number with a fraction or exponent in the
@@ -327,6 +329,33 @@ public struct FieldReader {
     ///   would change (``JSONValue/init(foundation:path:exact:)``), or
     ///   `unknown_field` naming the first unknown member.
     public init(json body: [UInt8], allowed: Set<String>, exactNumbers: Bool = true) throws(APIError) {
+        try self.init(parsing: body, allowed: allowed, exactNumbers: exactNumbers)
+    }
+
+    /// As ``init(json:allowed:exactNumbers:)``, with the range of each
+    /// top-level integer member said in place of the 64-bit one when the
+    /// member holds a number beyond what signerd reads: a `ttl_seconds` of
+    /// `99999999999999999999` is answered "ttl_seconds must be 1 to 3600
+    /// seconds …; got 99999999999999999999", the message a value in the
+    /// 64-bit range but outside the field's gets.
+    /// - Parameters:
+    ///   - body: UTF-8 JSON bytes.
+    ///   - allowed: the field names the request may carry.
+    ///   - integerRanges: member name → what its value must be, worded to
+    ///     follow "`name` must be" (`"1 to 3600 seconds"`).
+    /// - Throws: as ``init(json:allowed:exactNumbers:)``.
+    public init(json body: [UInt8], allowed: Set<String>, integerRanges: [String: String]) throws(APIError) {
+        do {
+            try self.init(parsing: body, allowed: allowed, exactNumbers: true)
+        } catch {
+            if let field = error.field, let range = integerRanges[field], let sent = error.numberSent {
+                throw APIError(.invalidField, "\(field) must be \(range); got \(sent)", field: field)
+            }
+            throw error
+        }
+    }
+
+    private init(parsing body: [UInt8], allowed: Set<String>, exactNumbers: Bool) throws(APIError) {
         let parsed: Any
         let memberNames: Int
         let fractionalNumbers: Bool
@@ -345,8 +374,10 @@ public struct FieldReader {
                     // as it would be without that number.
                     _ = try FieldReader(json: number.zeroed, allowed: allowed, exactNumbers: exactNumbers)
                     let place = number.path.isEmpty ? "the value" : number.path
-                    throw APIError(.invalidField, "\(place) is \(number.text), beyond any number signerd reads (a JSON number must fit a 64-bit double, at most about 1.8e308 in size; "
-                                   + "a number that is signed must be an integer from -9223372036854775808 to 9223372036854775807)", field: number.path.isEmpty ? nil : number.path)
+                    var error = APIError(.invalidField, "\(place) is \(number.text), beyond any number signerd reads (a JSON number must fit a 64-bit double, at most about 1.8e308 in size; "
+                                         + "a number that is signed must be an integer from -9223372036854775808 to 9223372036854775807)", field: number.path.isEmpty ? nil : number.path)
+                    error.numberSent = number.text
+                    throw error
                 }
                 throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259)\(reason.map { ": \($0)" } ?? ""); send one JSON object")
             }

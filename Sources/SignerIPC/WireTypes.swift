@@ -7,6 +7,9 @@ import HSMSigner
 public struct PromotionalOfferRequest: Codable, Sendable, Equatable {
     /// The member names the request body may carry (built once, not per request).
     static let fields: Set<String> = ["bundle_id", "key_id", "product_id", "offer_id", "app_account_token", "nonce", "timestamp"]
+    /// What `timestamp` must be, said for a number beyond the 64-bit range
+    /// (the window `AppleFields.checkTimestamp` enforces).
+    static let integerRanges = ["timestamp": "UNIX time in milliseconds (13 digits), within the last 24 hours and at most 5 minutes ahead"]
 
     /// The app's bundle ID (required).
     public var bundleID: String
@@ -43,7 +46,7 @@ public struct PromotionalOfferRequest: Codable, Sendable, Equatable {
     /// Parses a request body with the contract's field errors.
     /// - Throws: ``APIError`` `invalid_json`, `missing_field`, `invalid_field`, `unknown_field`.
     public init(body: [UInt8]) throws(APIError) {
-        var reader = try FieldReader(json: body, allowed: Self.fields)
+        var reader = try FieldReader(json: body, allowed: Self.fields, integerRanges: Self.integerRanges)
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         keyID = try reader.optionalString("key_id")
         productID = try reader.string("product_id", "the subscription's product identifier")
@@ -671,6 +674,8 @@ public struct AdvancedCommerceSigningRequest: Codable, Sendable, Equatable {
 public struct ServerAPITokenRequest: Codable, Sendable, Equatable {
     /// The member names the request body may carry (built once, not per request).
     static let fields: Set<String> = ["bundle_id", "key_id", "ttl_seconds"]
+    /// The range of `ttl_seconds`, in the words of its error.
+    static let ttlRange = "1 to 3600 seconds (Apple refuses tokens that live longer than an hour)"
 
     /// The app's bundle ID (`bundle_id`, required): the `bid` claim.
     public var bundleID: String
@@ -693,12 +698,12 @@ public struct ServerAPITokenRequest: Codable, Sendable, Equatable {
     /// Parses a request body.
     /// - Throws: ``APIError``; `invalid_field` for `ttl_seconds` outside 1–3600.
     public init(body: [UInt8]) throws(APIError) {
-        var reader = try FieldReader(json: body, allowed: Self.fields)
+        var reader = try FieldReader(json: body, allowed: Self.fields, integerRanges: ["ttl_seconds": Self.ttlRange])
         bundleID = try reader.string("bundle_id", "the app's bundle ID")
         keyID = try reader.optionalString("key_id")
         if let ttl = try reader.optionalInteger("ttl_seconds", "seconds") {
             guard (1...3600).contains(ttl) else {
-                throw APIError(.invalidField, "ttl_seconds must be 1 to 3600 seconds (Apple refuses tokens that live longer than an hour); got \(ttl)", field: "ttl_seconds")
+                throw APIError(.invalidField, "ttl_seconds must be \(Self.ttlRange); got \(ttl)", field: "ttl_seconds")
             }
             ttlSeconds = Int(ttl)
         } else {

@@ -108,6 +108,54 @@ struct RepeatedMemberTests {
         }
     }
 
+    /// A field with its own range says that range for a number beyond what
+    /// signerd reads, as it does for one in the 64-bit range outside it.
+    @Test("ttl_seconds and timestamp beyond the 64-bit range are answered with the field's own range", arguments: [
+        ("ttl", #"{"bundle_id":"a","ttl_seconds":99999999999999999999}"#, "ttl_seconds", "ttl_seconds must be 1 to 3600 seconds (Apple refuses tokens that live longer than an hour); got 99999999999999999999"),
+        ("ttl", #"{"bundle_id":"a","ttl_seconds":-9223372036854775809}"#, "ttl_seconds", "ttl_seconds must be 1 to 3600 seconds (Apple refuses tokens that live longer than an hour); got -9223372036854775809"),
+        ("ttl", #"{"bundle_id":"a","ttl_seconds":1e400}"#, "ttl_seconds", "ttl_seconds must be 1 to 3600 seconds (Apple refuses tokens that live longer than an hour); got 1e400"),
+        ("offer", #"{"bundle_id":"a","product_id":"p","offer_id":"o","timestamp":17960912803270000000000}"#, "timestamp",
+         "timestamp must be UNIX time in milliseconds (13 digits), within the last 24 hours and at most 5 minutes ahead; got 17960912803270000000000"),
+        ("offer", "{\"bundle_id\":\"a\",\"product_id\":\"p\",\"offer_id\":\"o\",\"timestamp\":1" + String(repeating: "0", count: 170) + "}", "timestamp",
+         "timestamp must be UNIX time in milliseconds (13 digits), within the last 24 hours and at most 5 minutes ahead; got an integer of 171 digits"),
+    ])
+    func fieldRangesBeyondInt64(kind: String, body: String, field: String, message: String) {
+        do {
+            if kind == "ttl" {
+                _ = try ServerAPITokenRequest(body: Array(body.utf8))
+            } else {
+                _ = try PromotionalOfferRequest(body: Array(body.utf8))
+            }
+            Issue.record("accepted \(body)")
+        } catch {
+            #expect(error.code == .invalidField)
+            #expect(error.field == field)
+            #expect(error.message == message)
+        }
+    }
+
+    @Test("a number beyond Int64 in a field with no range of its own still gets the 64-bit range, and other errors are kept")
+    func otherNumbersKeepTheirMessage() {
+        let cases: [(String, APIError.Code, String?, String)] = [
+            (#"{"bundle_id":99999999999999999999,"product_id":"p","offer_id":"o"}"#, .invalidField, "bundle_id", "beyond the numbers signerd signs exactly"),
+            (#"{"bundle_id":"a","ttl_seconds":99999999999999999999,"ttl":1}"#, .unknownField, "ttl", "ttl"),
+        ]
+        for (body, code, field, fragment) in cases {
+            do {
+                if body.contains("ttl_seconds") {
+                    _ = try ServerAPITokenRequest(body: Array(body.utf8))
+                } else {
+                    _ = try PromotionalOfferRequest(body: Array(body.utf8))
+                }
+                Issue.record("accepted \(body)")
+            } catch {
+                #expect(error.code == code, "\(error.message)")
+                #expect(error.field == field, "\(error.message)")
+                #expect(error.message.contains(fragment), "\(error.message)")
+            }
+        }
+    }
+
     /// Foundation's parser refuses a number no Double holds, where RFC 8259
     /// sets no range; the member that holds it is named all the same.
     @Test("numbers no Double holds are refused as invalid_field naming where they sit, not as invalid JSON; other problems keep their own error", arguments: [
