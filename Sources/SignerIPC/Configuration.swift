@@ -101,9 +101,10 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// (`socket_mode` with the "other" bits), a `socket_group` whose members
     /// cannot connect (no group write bit), no keys, and a bundle ID that
     /// several keys serve with none of them `default_key_id` (its requests
-    /// must name `key_id`; `/v1/offers`, which cannot, answers 7234), and a
+    /// must name `key_id`; `/v1/offers`, which cannot, answers 7234), a
     /// PIN file readable by a group of the callers (`socket_group` or
-    /// `allowed_gids`).
+    /// `allowed_gids`), and keys with no issuer ID (`issuer_id_missing`:
+    /// the JWS kinds are refused for them).
     public var advisories: [(event: String, hint: String)] {
         var found: [(event: String, hint: String)] = []
         if socketMode & 0o006 != 0 {
@@ -125,6 +126,11 @@ public struct SignerConfiguration: Sendable, Equatable {
         // api.md: cache the readiness result "so that probes cannot load the HSM".
         if readinessCacheSeconds == 0 {
             found.append(("readiness_cache_off", "readiness_cache_seconds is 0: every GET /readyz makes every key sign a test digest, so probes load the HSM and their signatures show in no histogram; a few seconds (the default is 5) keeps probes off the token"))
+        }
+        // Only the classic signature needs no issuer: say so at start, not at the first JWS request.
+        let withoutIssuer = issuerID == nil ? keys.filter { $0.issuerID == nil }.map(\.keyID) : []
+        if !withoutIssuer.isEmpty {
+            found.append(("issuer_id_missing", "\(withoutIssuer.count == 1 ? "key" : "keys") \(withoutIssuer.joined(separator: ", ")) \(withoutIssuer.count == 1 ? "has" : "have") no issuer ID (issuer_id, at the top or in the key's entry): the classic promotional offer signature works, but the JWS kinds and the App Store Server API token are answered 400 for \(withoutIssuer.count == 1 ? "it" : "them"); copy the issuer ID from App Store Connect (Users and Access → Integrations → In-App Purchase)"))
         }
         if keys.isEmpty {
             found.append(("no_keys_configured", "keys is empty: every signing request gets 403 bundle_not_allowed until a key is added and signerd reloaded"))

@@ -92,6 +92,25 @@ struct ConfigurationTests {
         #expect(try parse("{\"token_uri\": \"\(Self.uri)\"}").tokenCheckSeconds == 30, "the default")
     }
 
+    /// A key with no issuer ID signs the classic signature only; the JWS
+    /// kinds found out at their first request, with a 400.
+    @Test("keys with no issuer ID, top level or their own, are an advisory naming them")
+    func missingIssuer() throws {
+        let keys = """
+        "keys": [{"key_id": "ABC123DEFG", "bundle_ids": ["com.example.app"]},
+                 {"key_id": "XYZ987WVUT", "bundle_ids": ["com.example.other"], "issuer_id": "57246542-96fe-1a63-e053-0824d011072a"},
+                 {"key_id": "QRS456LMNO", "bundle_ids": ["com.example.third"]}]
+        """
+        let missing = try parse(#"{"token_uri": "\#(Self.uri)", \#(keys)}"#).advisories.filter { $0.event == "issuer_id_missing" }
+        #expect(missing.count == 1)
+        #expect(missing.first?.hint.hasPrefix("keys ABC123DEFG, QRS456LMNO have no issuer ID") == true, "\(missing)")
+        #expect(missing.first?.hint.contains("JWS kinds and the App Store Server API token are answered 400") == true, "\(missing)")
+        let topLevel = try parse(#"{"token_uri": "\#(Self.uri)", "issuer_id": "57246542-96fe-1a63-e053-0824d011072a", \#(keys)}"#)
+        #expect(!topLevel.advisories.contains { $0.event == "issuer_id_missing" })
+        let one = try parse(#"{"token_uri": "\#(Self.uri)", "keys": [{"key_id": "ABC123DEFG", "bundle_ids": ["com.example.app"]}]}"#)
+        #expect(one.advisories.filter { $0.event == "issuer_id_missing" }.map(\.hint).first?.hasPrefix("key ABC123DEFG has no issuer ID") == true)
+    }
+
     @Test("bad configurations are refused with the key named", arguments: [
         ("{}", "token_uri"),
         ("{\"token_uri\": \"\(uri)\", \"socket_pth\": \"/x\"}", "socket_pth"),
