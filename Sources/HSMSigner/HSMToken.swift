@@ -147,6 +147,8 @@ public final class HSMToken: @unchecked Sendable {
         var recoveryStopped = false
         /// Recovery is inside a step that calls the module (not between steps).
         var recoveryStepRunning = false
+        /// When that step began (``MonotonicClock`` nanoseconds); 0 when none runs.
+        var recoveryStepStarted: UInt64 = 0
 
         /// Drops the cached objects of `keyID` (nil: of every key) and bumps
         /// ``keysEpoch``, so that look-ups begun before cache nothing.
@@ -254,6 +256,20 @@ public final class HSMToken: @unchecked Sendable {
     /// PKCS#11 call that has not returned (a stopping daemon must then leave
     /// without exit handlers). A recovery waiting between steps is not counted.
     public var isRecovering: Bool { state.withLock { $0.recoveryStepRunning } }
+
+    /// The recovery step under way, if any: when it began
+    /// (``MonotonicClock`` nanoseconds, which also tells one step from the
+    /// next) and how long it has been inside the module, in seconds. A step
+    /// is a module reinitialization or new sessions, `C_Login`, the key
+    /// look-up and a test signature; it normally takes well under a second.
+    /// One that does not end is a call that has not returned: the token
+    /// stays down until it does.
+    /// - Returns: nil while no step runs (the token is up, or recovery waits between tries).
+    public var recoveryStep: (started: UInt64, seconds: Double)? {
+        let started = state.withLock { $0.recoveryStepRunning ? $0.recoveryStepStarted : 0 }
+        guard started != 0 else { return nil }
+        return (started, Double(MonotonicClock.nanoseconds(from: started, to: MonotonicClock.now())) / 1e9)
+    }
 
     /// Closes every session and releases the module (the last user finalizes it).
     ///
@@ -1198,9 +1214,15 @@ public final class HSMToken: @unchecked Sendable {
                     return
                 }
             }
-            state.withLock { $0.recoveryStepRunning = true }
+            state.withLock {
+                $0.recoveryStepRunning = true
+                $0.recoveryStepStarted = MonotonicClock.now()
+            }
             let outcome = rebuild(reinitialize: reinitializing)
-            state.withLock { $0.recoveryStepRunning = false }
+            state.withLock {
+                $0.recoveryStepRunning = false
+                $0.recoveryStepStarted = 0
+            }
             switch outcome {
             case .success:
                 let recovered = state.withLock { state -> (String, UInt64)? in

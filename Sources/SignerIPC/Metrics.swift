@@ -162,6 +162,9 @@ public final class Metrics: Sendable {
         let up: Int
         if let token, case .up = token.status { up = 1 } else { up = 0 }
         out += "# HELP signerd_token_up 1 while the token is logged in and serving.\n# TYPE signerd_token_up gauge\nsignerd_token_up \(up)\n"
+        let recoveryCall = token?.recoveryStep?.seconds ?? 0
+        out += "# HELP signerd_token_recovery_call_seconds How long token recovery's current step has been inside the module (0 when none runs); one that keeps growing is a call that has not returned.\n"
+        out += "# TYPE signerd_token_recovery_call_seconds gauge\nsignerd_token_recovery_call_seconds \((recoveryCall * 1000).rounded() / 1000)\n"
         out += "# HELP signerd_keys Configured keys found on the token.\n# TYPE signerd_keys gauge\nsignerd_keys \(keys)\n"
         return out
     }

@@ -63,6 +63,8 @@ public final class SignerService: HTTPHandler, Sendable {
     private let ownUID = getuid()
     /// `sign_timeout_ms` at start, in seconds (the request deadline is fixed at start too).
     private let signTimeoutSeconds: Double
+    /// The start of the recovery step last logged as `recovery_stuck`: once per step.
+    private let stuckRecoveryLogged = Locked<UInt64>(0)
 
     /// Makes the service.
     /// - Parameters:
@@ -243,6 +245,39 @@ public final class SignerService: HTTPHandler, Sendable {
     /// is marked down until recovery has checked it.
     public func watchdogTick() {
         token.abandonCalls(olderThan: signTimeoutSeconds)
+        if let step = token.recoveryStep, step.seconds >= recoveryStuckSeconds {
+            noteStuckRecovery(started: step.started, seconds: step.seconds)
+        }
+    }
+
+    /// How long one recovery step may stay inside the module before it
+    /// counts as stuck: 6 × `sign_timeout_ms` (30 s with the defaults). A
+    /// step is a few calls (`C_Login`, the key look-up, a test signature),
+    /// each of which a healthy HSM answers well within `sign_timeout_ms`.
+    public var recoveryStuckSeconds: Double { 6 * signTimeoutSeconds }
+
+    /// Whether token recovery has been inside one step for
+    /// ``recoveryStuckSeconds`` or longer: a PKCS#11 call that has not
+    /// returned, which keeps the token down until it does. Recovery's calls
+    /// cannot be written off as requests' are (it holds the login), so only
+    /// a new process gets a working module back: signerd stops its systemd
+    /// watchdog pings while this holds, and systemd restarts it.
+    public var recoveryStuck: Bool { (token.recoveryStep?.seconds ?? 0) >= recoveryStuckSeconds }
+
+    private func noteStuckRecovery(started: UInt64, seconds: Double) {
+        let first = stuckRecoveryLogged.withLock { logged in
+            defer { logged = started }
+            return logged != started
+        }
+        guard first else { return }
+        let restart = Systemd.watchdogPingInterval != nil
+            ? "signerd stops its systemd watchdog pings, so systemd restarts it at WatchdogSec= (a new process loads the module afresh)"
+            : "restart signerd (no systemd watchdog is set to do it) once the HSM answers"
+        logger.error("recovery_stuck", [
+            "token.label": .string(token.label), "call.seconds": .double((seconds * 10).rounded() / 10),
+            "hint": .string("token recovery has been inside one PKCS#11 call (C_Login, the key look-up or a test signature) for over \(Int(recoveryStuckSeconds)) s (6 × sign_timeout_ms); "
+                + "the token stays down until it returns: \(restart)"),
+        ])
     }
 
     /// `application/json`, any case, optionally followed by parameters (`; charset=utf-8`).

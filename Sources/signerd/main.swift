@@ -326,7 +326,10 @@ func runDaemon() -> Never {
         let pinging = OSThread.start {
             while true {
                 usleep(useconds_t(interval * 1_000_000))
-                if let answer = try? SignerClient(socketPath: listeningPath, timeout: max(1, interval / 2)).send("GET", "/healthz"), answer.status == 200 {
+                // Nor while token recovery is stuck inside the module: only
+                // a new process gets a module that answers again.
+                if !service.recoveryStuck,
+                   let answer = try? SignerClient(socketPath: listeningPath, timeout: max(1, interval / 2)).send("GET", "/healthz"), answer.status == 200 {
                     Systemd.notify("WATCHDOG=1")
                 }
             }

@@ -30,7 +30,7 @@ struct HungModuleTests {
     /// Starts signerd with `token_uri`'s module-path pointing at the shim,
     /// and `extra` settings.
     /// - Returns: the daemon, the file whose presence makes C_Sign hang, and the shim's C_Sign log.
-    static func startOverShim(_ extra: [String: Any]) throws -> (daemon: DaemonHarness, hang: String, log: String) {
+    static func startOverShim(_ extra: [String: Any], environment: (DaemonHarness) throws -> [String: String] = { _ in [:] }) throws -> (daemon: DaemonHarness, hang: String, log: String) {
         let shim = try #require(Self.shim)
         let daemon = try DaemonHarness()
         let hang = daemon.directory + "/hang"
@@ -38,7 +38,7 @@ struct HungModuleTests {
         let uri = daemon.tokenURI.replacingOccurrences(of: #"module-path=[^&?;]*"#, with: "module-path=\(shim)", options: .regularExpression)
         try #require(uri.contains(shim))
         try daemon.writeConfig(extra.merging(["token_uri": uri]) { $1 })
-        try daemon.start(extraEnvironment: ["SIGNERD_SHIM_HANG": hang, "SIGNERD_SHIM_LOG": log])
+        try daemon.start(extraEnvironment: try environment(daemon).merging(["SIGNERD_SHIM_HANG": hang, "SIGNERD_SHIM_LOG": log]) { $1 })
         return (daemon, hang, log)
     }
 
@@ -138,5 +138,41 @@ struct HungModuleTests {
         let (took, status) = try Self.terminate(daemon)
         #expect(status == 0)
         #expect(took < Self.stopBound, "signerd took \(took) s to stop with a request and a token check hung in C_Sign")
+    }
+
+    /// Recovery's own calls are not written off as requests' are: one that
+    /// never returned kept the token down until a restart, with nothing in
+    /// the log after `token_down` and the systemd watchdog still pinged.
+    @Test("recovery stuck in C_Sign: recovery_stuck at 6 × sign_timeout_ms, the gauge shows it, WATCHDOG=1 pings stop, and resume once the call returns",
+          .enabled(if: shim != nil, "needs a C compiler (cc or clang) to build scripts/pkcs11-hang-shim.c"))
+    func stuckRecoveryStopsWatchdogPings() throws {
+        var listener: NotifyListener?
+        let (daemon, hang, log) = try Self.startOverShim(["token_check_seconds": 0, "sign_timeout_ms": 500]) { daemon in
+            let notify = try NotifyListener(directory: daemon.directory)
+            listener = notify
+            return ["NOTIFY_SOCKET": notify.path, "WATCHDOG_USEC": "400000"]
+        }
+        defer { try? FileManager.default.removeItem(atPath: hang) }
+        let notify = try #require(listener)
+        #expect(notify.messages(for: 5, until: "READY=1").last?.contains("READY=1") == true)
+        #expect(notify.messages(for: 1).filter { $0 == "WATCHDOG=1" }.count >= 3, "pings every 200 ms while healthy")
+        #expect(FileManager.default.createFile(atPath: hang, contents: nil))
+        // A request's C_Sign hangs and is written off at 500 ms; recovery's test signature then hangs too.
+        let request = try Self.waitForHungCall(log, after: Self.signCalls(log), { Self.signInBackground(daemon); return daemon }(), "the request did not reach C_Sign")
+        _ = try Self.waitForHungCall(log, after: request, daemon, "recovery's test signature did not reach C_Sign")
+        let stuck = daemon.logged(atLeast: 1, within: 8) { $0.contains("\"recovery_stuck\"") }
+        #expect(stuck.count == 1, "\(daemon.log.suffix(6))")
+        #expect(stuck.first?.contains("stops its systemd watchdog pings") == true, "\(stuck)")
+        let metrics = try SignerClient(socketPath: daemon.socketPath, timeout: 5).send("GET", "/metrics")
+        let gauge = String(decoding: metrics.body, as: UTF8.self).split(separator: "\n").first { $0.hasPrefix("signerd_token_recovery_call_seconds ") }
+        #expect((gauge.flatMap { Double($0.split(separator: " ")[1]) } ?? 0) >= 3, "\(String(describing: gauge))")
+        _ = notify.messages(for: 0.3)  // a ping sent just before the stall was seen
+        #expect(notify.messages(for: 1.5).filter { $0 == "WATCHDOG=1" }.isEmpty, "no ping while recovery is stuck")
+        #expect(daemon.logged { $0.contains("\"recovery_stuck\"") }.count == 1, "logged once per stuck step")
+        // The call returns: recovery ends, the token is up, the pings come back.
+        try FileManager.default.removeItem(atPath: hang)
+        #expect(daemon.logged(atLeast: 1, within: 10) { $0.contains("\"token_up\"") }.count == 1, "\(daemon.log.suffix(6))")
+        #expect(notify.messages(for: 1.5).filter { $0 == "WATCHDOG=1" }.count >= 2, "pings again once recovery is done")
+        #expect(daemon.stop() == 0)
     }
 }
