@@ -251,10 +251,12 @@ public final class SignerService: HTTPHandler, Sendable {
     }
 
     /// How long one recovery step may stay inside the module before it
-    /// counts as stuck: 6 × `sign_timeout_ms` (30 s with the defaults). A
+    /// counts as stuck: 6 × `sign_timeout_ms`, at least 5 s (30 s with the
+    /// defaults), so that a short `sign_timeout_ms` does not call a slow
+    /// network HSM's login stuck. A
     /// step is a few calls (`C_Login`, the key look-up, a test signature),
     /// each of which a healthy HSM answers well within `sign_timeout_ms`.
-    public var recoveryStuckSeconds: Double { 6 * signTimeoutSeconds }
+    public var recoveryStuckSeconds: Double { max(6 * signTimeoutSeconds, 5) }
 
     /// Whether token recovery has been inside one step for
     /// ``recoveryStuckSeconds`` or longer: a PKCS#11 call that has not
@@ -275,7 +277,7 @@ public final class SignerService: HTTPHandler, Sendable {
             : "restart signerd (no systemd watchdog is set to do it) once the HSM answers"
         logger.error("recovery_stuck", [
             "token.label": .string(token.label), "call.seconds": .double((seconds * 10).rounded() / 10),
-            "hint": .string("token recovery has been inside one PKCS#11 call (C_Login, the key look-up or a test signature) for over \(Int(recoveryStuckSeconds)) s (6 × sign_timeout_ms); "
+            "hint": .string("token recovery has been inside one PKCS#11 call (C_Login, the key look-up or a test signature) for over \(Int(recoveryStuckSeconds)) s (6 × sign_timeout_ms, at least 5 s); "
                 + "the token stays down until it returns: \(restart)"),
         ])
     }

@@ -143,7 +143,7 @@ struct HungModuleTests {
     /// Recovery's own calls are not written off as requests' are: one that
     /// never returned kept the token down until a restart, with nothing in
     /// the log after `token_down` and the systemd watchdog still pinged.
-    @Test("recovery stuck in C_Sign: recovery_stuck at 6 × sign_timeout_ms, the gauge shows it, WATCHDOG=1 pings stop, and resume once the call returns",
+    @Test("recovery stuck in C_Sign: recovery_stuck at 6 × sign_timeout_ms (at least 5 s), the gauge shows it, WATCHDOG=1 pings stop, and resume once the call returns",
           .enabled(if: shim != nil, "needs a C compiler (cc or clang) to build scripts/pkcs11-hang-shim.c"))
     func stuckRecoveryStopsWatchdogPings() throws {
         var listener: NotifyListener?
@@ -160,12 +160,12 @@ struct HungModuleTests {
         // A request's C_Sign hangs and is written off at 500 ms; recovery's test signature then hangs too.
         let request = try Self.waitForHungCall(log, after: Self.signCalls(log), { Self.signInBackground(daemon); return daemon }(), "the request did not reach C_Sign")
         _ = try Self.waitForHungCall(log, after: request, daemon, "recovery's test signature did not reach C_Sign")
-        let stuck = daemon.logged(atLeast: 1, within: 8) { $0.contains("\"recovery_stuck\"") }
+        let stuck = daemon.logged(atLeast: 1, within: 10) { $0.contains("\"recovery_stuck\"") }
         #expect(stuck.count == 1, "\(daemon.log.suffix(6))")
         #expect(stuck.first?.contains("stops its systemd watchdog pings") == true, "\(stuck)")
         let metrics = try SignerClient(socketPath: daemon.socketPath, timeout: 5).send("GET", "/metrics")
         let gauge = String(decoding: metrics.body, as: UTF8.self).split(separator: "\n").first { $0.hasPrefix("signerd_token_recovery_call_seconds ") }
-        #expect((gauge.flatMap { Double($0.split(separator: " ")[1]) } ?? 0) >= 3, "\(String(describing: gauge))")
+        #expect((gauge.flatMap { Double($0.split(separator: " ")[1]) } ?? 0) >= 5, "\(String(describing: gauge))")
         _ = notify.messages(for: 0.3)  // a ping sent just before the stall was seen
         #expect(notify.messages(for: 1.5).filter { $0 == "WATCHDOG=1" }.isEmpty, "no ping while recovery is stuck")
         #expect(daemon.logged { $0.contains("\"recovery_stuck\"") }.count == 1, "logged once per stuck step")
