@@ -340,7 +340,8 @@ public struct SignerConfiguration: Sendable, Equatable {
             }
         }
         guard parsed is [String: Any] else {
-            return "the file holds \(JSONValue(foundation: parsed)?.kind ?? "a value") where one JSON object is expected"
+            // Its kind only: read inexactly, so that no number is "a value".
+            return "the file holds \((try? JSONValue(foundation: parsed, path: "", exact: false))?.kind ?? "a value") where one JSON object is expected"
         }
         if let member = FieldReader.repeatedMember(in: bytes) {
             let place = member.path == member.name ? "" : " (\(member.path))"
@@ -364,7 +365,9 @@ public struct SignerConfiguration: Sendable, Equatable {
             config.socketPath = path
         }
         if let mode = try reader.optionalString("socket_mode") {
-            guard let value = UInt32(mode, radix: 8), value <= 0o777 else {
+            // Octal digits only: UInt32(_:radix:) would also take a sign ("+660").
+            guard !mode.isEmpty, mode.utf8.allSatisfy({ (UInt8(ascii: "0")...UInt8(ascii: "7")).contains($0) }),
+                  let value = UInt32(mode, radix: 8), value <= 0o777 else {
                 throw ConfigurationError("socket_mode must be an octal string such as \"0660\"; got \(mode)")
             }
             // Without them signerd's own uid (its systemd watchdog check among others) cannot connect.

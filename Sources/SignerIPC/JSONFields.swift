@@ -188,7 +188,8 @@ public enum JSONValue: Sendable, Equatable, Codable {
             switch String(cString: number.objCType) {
             case "c", "B": self = .bool(number.boolValue)
             case _ where spellings?.isFractionalHere == true: self = .number(number.doubleValue)
-            case "d", "f" where spellings != nil && exact:
+            // A `where` clause binds only the pattern it follows: each needs its own.
+            case "d" where spellings != nil && exact, "f" where spellings != nil && exact:
                 // Written as an integer (not fractional here), yet too long
                 // for NSDecimalNumber too (over about 165 digits): Foundation
                 // gave a Double. Say what was sent, not "a fraction or an exponent".
@@ -739,9 +740,13 @@ struct ScanPosition {
             if case .array(let index)? = frames.last { frames[frames.count - 1] = .array(index: index + 1) }
         case .name(let escaped):
             guard case .object(var names, _)? = frames.last else { return nil }
+            // Taken out of the stack first, so that `names` is the set's only
+            // owner and the insert does not copy it: a copy per name made an
+            // object of n names cost n² (a fuzzing round).
+            frames.removeLast()
             let name = escaped ? FieldReader.decodedString(raw) : String(decoding: raw, as: UTF8.self)
             let fresh = names.insert(name).inserted
-            frames[frames.count - 1] = .object(names: names, current: name)
+            frames.append(.object(names: names, current: name))
             return (name, fresh)
         }
         return nil

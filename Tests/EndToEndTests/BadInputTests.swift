@@ -178,6 +178,11 @@ struct BadInputTests {
         #expect(offers[0].signatureData != nil && offers[1].signatureData != nil, "subscription_group is ignored, whatever it holds")
         #expect(offers[2].signatureError?.code == OffersResponse.invalidOfferCode && offers[2].signatureError?.message.contains("generate_offers[2].offer_id") == true)
         #expect(offers[3].signatureError?.code == OffersResponse.invalidOfferCode && offers[3].signatureError?.message.contains("generate_offers[3].product_id") == true)
+        // 166 to 309 digits (a Double to Foundation) in an ignored member: still ignored.
+        let long = String(repeating: "1", count: 200)
+        let ignored = try daemon.client().send("POST", "/v1/offers", body: Array(#"{"bundle_id":"com.example.other","fetch_token":\#(long),"generate_offers":[{"offer_id":"o","product_id":"p","subscription_group":\#(long)}]}"#.utf8))
+        #expect(ignored.status == 200 && (try? ignored.decode(OffersResponse.self))?.offers.first?.signatureData != nil,
+                "\(String(decoding: ignored.body.prefix(600), as: UTF8.self))")
         // A number the parser itself cannot hold (over 308 digits) fails the whole body, naming
         // where it sits; the error does not quote all of it.
         let huge = String(repeating: "9", count: 60_000)

@@ -116,6 +116,10 @@ struct ConfigurationTests {
         ("{\"token_uri\": \"\(uri)\", \"socket_pth\": \"/x\"}", "socket_pth"),
         ("{\"token_uri\": \"pkcs11:token=a\"}", "token_uri"),
         ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"rw\"}", "socket_mode"),
+        // UInt32(_:radix:) takes a sign; a mode is octal digits only (a fuzzing round).
+        ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"+660\"}", "socket_mode must be an octal string"),
+        ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"-0\"}", "socket_mode must be an octal string"),
+        ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"\"}", "socket_mode must be an octal string"),
         ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"0000\"}", "socket_mode must let the socket's owner, signerd's user, read and write"),
         ("{\"token_uri\": \"\(uri)\", \"socket_mode\": \"0460\"}", "socket_mode must let the socket's owner"),
         ("{\"token_uri\": \"\(uri)\", \"socket_path\": \"relative.sock\"}", "socket_path"),
@@ -146,6 +150,9 @@ struct ConfigurationTests {
         ("{\"token_uri\": \"\(uri)\", \"keys\": [],}", "the file is not valid JSON (RFC 8259): a comma directly before } or ] (a trailing comma)"),
         ("[1, 2]", "the file holds an array where one JSON object is expected"),
         ("\"token_uri\"", "the file holds a string where one JSON object is expected"),
+        // Once "a value": a `where` clause meant for both number types bound only one.
+        ("1.5", "the file holds a number written with a fraction or an exponent (1.5) where one JSON object is expected"),
+        ("12", "the file holds a number where one JSON object is expected"),
         ("{\"token_uri\": \"\(uri)\", \"keys\": [], \"keys\": []}", "the key \"keys\" appears more than once in one object"),
         ("{\"token_uri\": \"\(uri)\", \"keys\": [{\"key_id\": \"ABC123DEFG\", \"key_id\": \"XYZ987WVUT\", \"bundle_ids\": [\"a\"]}]}",
          "the key \"key_id\" appears more than once in one object"),

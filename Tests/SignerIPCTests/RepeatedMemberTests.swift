@@ -108,6 +108,22 @@ struct RepeatedMemberTests {
         }
     }
 
+    /// `/v1/offers` reads its numbers inexactly (none is signed), yet an
+    /// integer of 166 to 309 digits, which Foundation hands over as a
+    /// Double, was refused as if it were signed: a `where` clause meant for
+    /// both number types bound only one (a fuzzing round).
+    @Test("a request read inexactly keeps integers of 166 to 309 digits as numbers instead of refusing them", arguments: [166, 200, 309])
+    func longIntegersReadInexactly(digits: Int) throws {
+        let body = "{\"request\":{\"p\":" + String(repeating: "1", count: digits) + "}}"
+        var reader = try FieldReader(json: Array(body.utf8), allowed: Self.allowed, exactNumbers: false)
+        guard case .number(let value)? = try reader.object("request")["p"] else {
+            Issue.record("not kept as a number")
+            return
+        }
+        #expect(value > 1e165)
+        #expect(throws: APIError.self) { _ = try FieldReader(json: Array(body.utf8), allowed: Self.allowed) }
+    }
+
     /// A field with its own range says that range for a number beyond what
     /// signerd reads, as it does for one in the 64-bit range outside it.
     @Test("ttl_seconds and timestamp beyond the 64-bit range are answered with the field's own range", arguments: [
