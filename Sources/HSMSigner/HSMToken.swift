@@ -678,6 +678,7 @@ public final class HSMToken: @unchecked Sendable {
     }
 
     private func checkout() throws(HSMError) -> SessionLease {
+        RequestDeadline.progress?.markReachedToken()
         var deadline = MonotonicClock.deadline(after: options.sessionCheckoutTimeout)
         if let answerBy = RequestDeadline.current {
             // The caller was already answered (503 at sign_timeout_ms): signing now would be work nobody reads.
@@ -1059,6 +1060,8 @@ public final class HSMToken: @unchecked Sendable {
     // MARK: Health and recovery
 
     private func checkUp() throws(HSMError) {
+        // Every operation a request asks of the token begins here.
+        RequestDeadline.progress?.markReachedToken()
         let (status, closed) = state.withLock { ($0.status, $0.closed) }
         guard !closed else {
             // close() ran (signerd is stopping): no call may start in a module being finalized.

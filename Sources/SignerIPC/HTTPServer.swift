@@ -82,8 +82,10 @@ public protocol HTTPHandler: Sendable {
     /// the signing timeout; false for requests that never wait.
     func mayBlock(path: String) -> Bool
     /// The answer the watchdog sends for a request to `path` still not
-    /// answered at the signing timeout (sent with `Connection: close`).
-    func timedOut(path: String) -> HTTPResponse
+    /// answered at the signing timeout (sent with `Connection: close`);
+    /// `reachedToken` tells whether the request had asked the token for
+    /// anything (``RequestProgress``), or was still being read and checked.
+    func timedOut(path: String, reachedToken: Bool) -> HTTPResponse
     /// Called by the request watchdog a few times a second (the application
     /// writes off calls that hang there).
     func watchdogTick()
@@ -164,6 +166,8 @@ struct BlockingCall {
     var deadline: UInt64
     /// Set by the watchdog once it answered; the handler's own response is then dropped.
     var answered = false
+    /// Whether the request has reached the token yet, for the watchdog's answer.
+    let progress = RequestProgress()
 }
 
 /// One accepted connection: the peer, a private duplicate of its descriptor
@@ -545,7 +549,7 @@ public final class HTTPServer: @unchecked Sendable {
             // and libmicrohttpd then shuts the socket down; an answer written
             // after that never reached the client (7 in 48,506 timeouts under
             // load, counted as sent all the same).
-            let response = handler.timedOut(path: current.path)
+            let response = handler.timedOut(path: current.path, reachedToken: current.progress.hasReachedToken)
             answerAndClose(connection, with: response)
             handler.sent(status: response.status, path: current.path)
         }
@@ -1038,8 +1042,9 @@ public final class HTTPServer: @unchecked Sendable {
             return server.queue(server.handler.handle(request), path: state.path, on: connection)
         }
         let deadline = request.receivedAt + UInt64(server.options.signTimeoutSeconds * 1e9)
-        owner.blockingCall.withLock { $0 = BlockingCall(path: state.path, deadline: deadline) }
-        let response = server.handler.handle(request)
+        let call = BlockingCall(path: state.path, deadline: deadline)
+        owner.blockingCall.withLock { $0 = call }
+        let response = RequestDeadline.$progress.withValue(call.progress) { server.handler.handle(request) }
         let answeredByWatchdog = owner.blockingCall.withLock { call in
             defer { call = nil }
             return call?.answered ?? false

@@ -421,7 +421,8 @@ public struct FieldReader {
         var found: String?
         JSONText.scanMemberNames(in: body) { event, raw in
             _ = position.follow(event, raw)
-            guard case .number = event, position.valuePath == wanted else { return true }
+            // The whole path costs the depth to build: only for a number whose innermost step fits.
+            guard case .number = event, position.mayBeAt(wanted), position.valuePath == wanted else { return true }
             let text = String(decoding: raw, as: UTF8.self)
             found = text.count > 40 ? String(text.prefix(40)) + "…" : text
             return false
@@ -767,6 +768,17 @@ struct ScanPosition {
     func path(to name: String) -> String {
         let path = Self.path(of: frames.dropLast())
         return path.isEmpty ? name : "\(path).\(name)"
+    }
+
+    /// Whether the value being read may sit at `path`: its innermost step
+    /// ends `path`. A test in constant time before ``valuePath``, which
+    /// costs the nesting depth to build.
+    func mayBeAt(_ path: String) -> Bool {
+        switch frames.last {
+        case .object(_, let current)?: path.hasSuffix(current ?? "")
+        case .array(let index)?: path.utf8.last == UInt8(ascii: "]") && path.hasSuffix("[\(index)]")
+        case nil: path.isEmpty
+        }
     }
 
     /// The path of the value being read, as the API names fields

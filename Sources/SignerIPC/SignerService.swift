@@ -211,10 +211,21 @@ public final class SignerService: HTTPHandler, Sendable {
     /// fast while recovery checks it (a hung `C_Sign` is also written off by
     /// ``watchdogTick()``; a hung `C_FindObjects`, `C_Login` or
     /// `C_OpenSession` is not). When sessions did come back, the request
-    /// only queued behind others on a busy token, which stays up.
-    /// - Parameter path: the request path.
+    /// only queued behind others on a busy token, which stays up. A request
+    /// that had not reached the token (still being read and checked: a
+    /// body of many numbers, on a loaded machine) gets a 503 that says so,
+    /// is not counted as an HSM error, and takes nothing down.
+    /// - Parameters:
+    ///   - path: the request path.
+    ///   - reachedToken: whether the request had asked the token for anything.
     /// - Returns: the error response.
-    public func timedOut(path: String) -> HTTPResponse {
+    public func timedOut(path: String, reachedToken: Bool) -> HTTPResponse {
+        guard reachedToken else {
+            var error = APIError(.hsmUnavailable, "signerd was still reading and checking the request when sign_timeout_ms ran out, before it asked the HSM for anything "
+                                 + "(a body of many values, or a loaded machine); the HSM is not at fault: send a smaller body, or retry later")
+            error.retryAfter = 1
+            return respond(.failure(error))
+        }
         metrics.countHSMError("sign_timeout")
         var error: APIError
         if markDownIfNoSessionReturned() {

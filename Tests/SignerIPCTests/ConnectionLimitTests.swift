@@ -23,7 +23,7 @@ struct ConnectionLimitTests {
         }
         func payloadTooLarge(path: String, limit: Int) -> HTTPResponse { HTTPResponse(status: 413, body: []) }
         func mayBlock(path: String) -> Bool { false }
-        func timedOut(path: String) -> HTTPResponse { HTTPResponse(status: 503, body: []) }
+        func timedOut(path: String, reachedToken: Bool) -> HTTPResponse { HTTPResponse(status: 503, body: []) }
         func watchdogTick() {}
         func mayConnect(_ peer: PeerCredentials?) -> Bool { allowed }
         func sent(status: Int, path: String) {}
@@ -221,7 +221,7 @@ struct LeftRunningServerTests {
         }
         func payloadTooLarge(path: String, limit: Int) -> HTTPResponse { HTTPResponse(status: 413, body: []) }
         func mayBlock(path: String) -> Bool { true }
-        func timedOut(path: String) -> HTTPResponse { HTTPResponse(status: 503, body: Array("{}".utf8)) }
+        func timedOut(path: String, reachedToken: Bool) -> HTTPResponse { HTTPResponse(status: 503, body: Array("{}".utf8)) }
         func watchdogTick() {}
         func mayConnect(_ peer: PeerCredentials?) -> Bool { true }
         func sent(status: Int, path: String) {}

@@ -166,6 +166,36 @@ struct FaultToleranceTests {
         try expectHealthy(daemon)
     }
 
+    /// A request still being read and checked at sign_timeout_ms (a body of
+    /// many numbers) was answered as if the HSM had hung: on an idle daemon
+    /// no session had come back in that time, so the token was marked down
+    /// and every request after it got 503 until recovery (a fuzzing round).
+    @Test("a request still being checked at sign_timeout_ms: 503 saying so, no HSM error counted, the token stays up")
+    func slowCheckIsNotAnOutage() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 20)
+        defer { daemon.stop() }
+        let client = SignerClient(socketPath: daemon.socketPath, timeout: 30)
+        let numbers = Array(repeating: "1", count: 28_000).joined(separator: ",")
+        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","request":{"a":[\#(numbers)]}}"#.utf8)
+        let response = try client.send("POST", "/v1/sign/advanced-commerce-request", body: body)
+        #expect(response.status == 503, "\(String(decoding: response.body.prefix(300), as: UTF8.self))")
+        #expect(response.error?.message.hasPrefix("signerd was still reading and checking the request when sign_timeout_ms ran out") == true, "\(response.error?.message ?? "")")
+        #expect(daemon.logged("token_down") == 0, "\(daemon.logLines.lines.suffix(4))")
+        #expect(daemon.token.status == .up)
+        let metrics = String(decoding: try SignerClient(socketPath: daemon.socketPath).send("GET", "/metrics").body, as: UTF8.self)
+        #expect(!metrics.contains("rv=\"sign_timeout\""), "not an HSM error")
+        let signed = try SignerClient(socketPath: daemon.socketPath, timeout: 10).send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)
+        #expect(signed.status == 200 && daemon.verifies(signed), "\(String(decoding: signed.body, as: UTF8.self))")
+        // One that did reach the token, hung in C_Sign, is still the HSM's: its own answer, and the count.
+        let hung = try InProcessDaemon(signTimeoutMs: 300)
+        defer { hung.stop() }
+        hung.faults.hang(.sign, seconds: 2)
+        let waited = try SignerClient(socketPath: hung.socketPath, timeout: 10).send("POST", "/v1/sign/promotional-offer", body: hung.offerBody)
+        #expect(waited.status == 503 && waited.error?.message.hasPrefix("the HSM did not answer within sign_timeout_ms") == true, "\(waited.error?.message ?? "")")
+        let counted = String(decoding: try SignerClient(socketPath: hung.socketPath).send("GET", "/metrics").body, as: UTF8.self)
+        #expect(counted.contains("signerd_hsm_errors_total{rv=\"sign_timeout\"} "), "an HSM error")
+    }
+
     @Test("a C_Sign that blocks 30 s: that request gets 503 at sign_timeout_ms, its session is quarantined, signatures flow again")
     func hungSign() throws {
         let daemon = try InProcessDaemon(signTimeoutMs: 1000)
