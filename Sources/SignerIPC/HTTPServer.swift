@@ -823,9 +823,14 @@ public final class HTTPServer: @unchecked Sendable {
             return "the request has Content-Length \(headers.lengths.joined(separator: " and "))"
         }
         if !headers.codings.isEmpty {
-            let codings = headers.codings.joined(separator: ",").split(separator: ",").map { $0.trimmingCharacters(in: .whitespaces).lowercased() }
-            if codings != ["chunked"] {
-                return "the request has Transfer-Encoding \(headers.codings.joined(separator: ", ")), which signerd does not read"
+            // As libmicrohttpd reads it: the first Transfer-Encoding header, its
+            // value exactly "chunked" in any case. Anything else it reads as no
+            // coding at all, and waits for a body that ends only when the
+            // client closes (a fuzzing round: "chunked,", ", chunked",
+            // "chunked " and an empty header before the real one got no answer).
+            if headers.codings.count != 1 || headers.codings[0].lowercased() != "chunked" {
+                let written = headers.codings.map { "\"\($0)\"" }.joined(separator: " and ")
+                return "the request has Transfer-Encoding \(written), which signerd does not read (send one header, Transfer-Encoding: chunked, with nothing around the word)"
             }
         }
         if method == "POST" && headers.lengths.isEmpty && headers.codings.isEmpty {

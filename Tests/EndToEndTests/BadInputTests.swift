@@ -325,6 +325,10 @@ struct BadInputTests {
             // obs-fold: libmicrohttpd drops the folded line, leaving a POST with no length at all.
             "Content-Length:\r\n \(hidden.utf8.count)\r\n",
             "Transfer-Encoding: gzip\r\n",
+            // chunked as RFC 9112 may take it, but not libmicrohttpd, which then waited for the body until the client closed.
+            "Transfer-Encoding: chunked,\r\n", "Transfer-Encoding: ,chunked\r\n", "Transfer-Encoding: chunked \r\n",
+            "Transfer-Encoding:   CHUNKED  \r\n", "Transfer-Encoding: \r\nTransfer-Encoding: chunked\r\n",
+            "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
         ]
         // The signing request gets 400. One answered from its head (404,
         // 405, 415) with the same framing closes the connection too: it was
