@@ -464,6 +464,49 @@ struct BadInputTests {
         try expectServing(daemon)
     }
 
+    /// Cookies, query arguments and trailer fields each take a record in
+    /// libmicrohttpd's connection pool, as header lines do, but were not
+    /// counted: at 215 cookies (a 1.2 KB head) or 221 trailer fields a
+    /// request was signed and then got no answer (a black-box fuzzing round).
+    @Test("cookies, query arguments and trailer fields count toward the 100 fields: a 431 before signing, never a signature without an answer")
+    func poolRecordsCounted() throws {
+        let sign = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
+        // promotional-offer-v2: one C_Sign per 200, never a second (raw r‖s has no short form).
+        func signCalls() throws -> Int {
+            let text = String(decoding: try daemon.client().send("GET", "/metrics").body, as: UTF8.self)
+            let line = text.split(separator: "\n").first { $0.hasPrefix("signerd_sign_hsm_seconds_count ") }
+            return Int(line?.split(separator: " ").last ?? "") ?? -1
+        }
+        func exchange(_ request: String) throws -> String {
+            let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+            defer { connection.close() }
+            try? connection.write(Array(request.utf8))
+            var received: [UInt8] = []
+            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+            return String(decoding: received, as: UTF8.self)
+        }
+        let head = "POST /v1/sign/promotional-offer-v2 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+        let before = try signCalls()
+        var answered200 = 0
+        var ours431: [String: Int] = [:]
+        for count in 90...240 {
+            let cookies = head + "Content-Length: \(sign.utf8.count)\r\nCookie: " + Array(repeating: "a=b", count: count).joined(separator: "; ") + "\r\n\r\n" + sign
+            let chunked = head + "Transfer-Encoding: chunked\r\n\r\n" + String(sign.utf8.count, radix: 16) + "\r\n" + sign + "\r\n0\r\n"
+                + String(repeating: "X-T: v\r\n", count: count) + "\r\n"
+            for (kind, request) in [("cookies", cookies), ("trailers", chunked)] {
+                let text = try exchange(request)
+                if text.hasPrefix("HTTP/1.1 200") { answered200 += 1 }
+                if text.hasPrefix("HTTP/1.1 431") && text.contains("\"headers_too_large\"") { ours431[kind, default: 0] += 1 }
+            }
+        }
+        #expect(try signCalls() - before == answered200, "a request was signed and got no answer")
+        #expect(answered200 > 0, "small ones are served")
+        #expect((ours431["cookies"] ?? 0) > 0 && (ours431["trailers"] ?? 0) > 0, "\(ours431)")
+        let arguments = try exchange("GET /healthz?" + Array(repeating: "a", count: 150).joined(separator: "&") + " HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        #expect(arguments.hasPrefix("HTTP/1.1 431") && arguments.contains("150 cookies and query arguments"), "\(arguments.prefix(400))")
+        try expectServing(daemon)
+    }
+
     @Test("a request trickled one byte per 100 ms is dropped after request_timeout_seconds; others are served meanwhile")
     func trickle() throws {
         let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 30)
