@@ -383,10 +383,13 @@ public struct FieldReader {
                 throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259)\(reason.map { ": \($0)" } ?? ""); send one JSON object")
             }
         }
-        // Unknown members are named before any problem inside a value.
-        if let object = parsed as? [String: Any] {
-            try Self.refuseUnknown(Array(object.keys), path: "", allowed: allowed)
+        // Unknown members are named before any problem inside a value, and a
+        // body that is no object before its numbers (`[9223372036854775808]`).
+        guard let object = parsed as? [String: Any] else {
+            let kind = (try? JSONValue(foundation: parsed, path: "", exact: false))?.kind ?? "not an object"
+            throw APIError(.invalidJSON, "the request body is \(kind); send one JSON object")
         }
+        try Self.refuseUnknown(Array(object.keys), path: "", allowed: allowed)
         // Foundation's number types do not say how a number was written: the text does.
         let spellings = NumberSpellings(fractional: fractionalNumbers ? Self.fractionalNumberLocations(in: body) : [])
         let value = try JSONValue(foundation: parsed, path: "", exact: exactNumbers, spellings: spellings)

@@ -214,6 +214,9 @@ struct RepeatedMemberTests {
         // An unknown member, a body that is not an object, a repeated member: the error they get without the number.
         (#"{"product_id":1e309,"productId":"p"}"#, .unknownField, "productId", nil),
         (#"[1e309]"#, .invalidJSON, nil, nil),
+        // A body that is no object is said first, before a number in it beyond Int64.
+        (#"[9223372036854775808]"#, .invalidJSON, nil, nil),
+        ("-9223372036854775809", .invalidJSON, nil, nil),
         (#"1e309"#, .invalidJSON, nil, nil),
         (#"{"product_id":1,"product_id":1e309}"#, .invalidJSON, "product_id", nil),
     ] as [(String, APIError.Code, String?, String?)])
