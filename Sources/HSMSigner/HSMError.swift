@@ -73,6 +73,10 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         public static let verificationFailed = Code(rawValue: "verification_failed")
         /// A signing call did not return within the configured timeout.
         public static let signTimeout = Code(rawValue: "sign_timeout")
+        /// The request's deadline (``RequestDeadline/current``) passed before
+        /// it asked the token for anything: it was still being read and
+        /// checked. Not the token's failure: nothing was asked of it.
+        public static let requestExpired = Code(rawValue: "request_expired")
 
         /// The failures that are the token's, not a key's: the token down,
         /// no session free, a call past its timeout, the PIN refused. Every

@@ -1060,8 +1060,19 @@ public final class HSMToken: @unchecked Sendable {
     // MARK: Health and recovery
 
     private func checkUp() throws(HSMError) {
-        // Every operation a request asks of the token begins here.
-        RequestDeadline.progress?.markReachedToken()
+        // Every operation a request asks of the token begins here. One whose
+        // time ran out before it got here was answered already (503 by the
+        // watchdog) while it was still being checked: it starts nothing, and
+        // its lateness is not the token's (a session wait that "ended" at
+        // once would otherwise take an idle token down).
+        if let progress = RequestDeadline.progress {
+            if !progress.hasReachedToken, let answerBy = RequestDeadline.current, MonotonicClock.now() >= answerBy {
+                var error = HSMError(.requestExpired, "the request's time (sign_timeout_ms) ran out before it asked the token for anything")
+                error.retryAfter = 1
+                throw error
+            }
+            progress.markReachedToken()
+        }
         let (status, closed) = state.withLock { ($0.status, $0.closed) }
         guard !closed else {
             // close() ran (signerd is stopping): no call may start in a module being finalized.

@@ -220,12 +220,7 @@ public final class SignerService: HTTPHandler, Sendable {
     ///   - reachedToken: whether the request had asked the token for anything.
     /// - Returns: the error response.
     public func timedOut(path: String, reachedToken: Bool) -> HTTPResponse {
-        guard reachedToken else {
-            var error = APIError(.hsmUnavailable, "signerd was still reading and checking the request when sign_timeout_ms ran out, before it asked the HSM for anything "
-                                 + "(a body of many values, or a loaded machine); the HSM is not at fault: send a smaller body, or retry later")
-            error.retryAfter = 1
-            return respond(.failure(error))
-        }
+        guard reachedToken else { return respond(.failure(Self.stillCheckingError)) }
         metrics.countHSMError("sign_timeout")
         var error: APIError
         if markDownIfNoSessionReturned() {
@@ -235,6 +230,15 @@ public final class SignerService: HTTPHandler, Sendable {
         }
         error.retryAfter = 1
         return respond(.failure(error))
+    }
+
+    /// The 503 for a request whose `sign_timeout_ms` ran out before it
+    /// asked the token for anything.
+    static var stillCheckingError: APIError {
+        var error = APIError(.hsmUnavailable, "signerd was still reading and checking the request when sign_timeout_ms ran out, before it asked the HSM for anything "
+                             + "(a body of many values, or a loaded machine); the HSM is not at fault: send a smaller body, or retry later")
+        error.retryAfter = 1
+        return error
     }
 
     /// Marks the token down (`call_timeout`) when no PKCS#11 session came
@@ -642,6 +646,8 @@ public final class SignerService: HTTPHandler, Sendable {
     /// whose failure the request does not answer with (`signerd_hsm_errors_total`
     /// counts "signing failures answered with an error").
     func apiError(_ error: HSMError, keyID: String, counting: Bool = true) -> APIError {
+        // Not an HSM error: the request never reached the token.
+        if error.code == .requestExpired { return Self.stillCheckingError }
         if counting { metrics.countHSMError(error.returnValue?.name ?? error.code.rawValue) }
         switch error.code {
         case .keyNotFound:
