@@ -74,8 +74,9 @@ public struct HSMError: Error, Sendable, CustomStringConvertible {
         /// A signing call did not return within the configured timeout.
         public static let signTimeout = Code(rawValue: "sign_timeout")
         /// The request's deadline (``RequestDeadline/current``) passed before
-        /// it asked the token for anything: it was still being read and
-        /// checked. Not the token's failure: nothing was asked of it.
+        /// it asked the token for anything (it was still being read and
+        /// checked), or before it asked for a PKCS#11 session. Not the
+        /// token's failure: no wait of its own on the token made it late.
         public static let requestExpired = Code(rawValue: "request_expired")
 
         /// The failures that are the token's, not a key's: the token down,

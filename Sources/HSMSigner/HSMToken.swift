@@ -682,8 +682,12 @@ public final class HSMToken: @unchecked Sendable {
         var deadline = MonotonicClock.deadline(after: options.sessionCheckoutTimeout)
         if let answerBy = RequestDeadline.current {
             // The caller was already answered (503 at sign_timeout_ms): signing now would be work nobody reads.
+            // Late before it asked for a session, it waited for none: the
+            // time went elsewhere (signerd's own checks, a call that did
+            // return), so it is no sign of a hung token (a re-check of the
+            // watchdog fix found this window between checkUp() and here).
             guard MonotonicClock.now() < answerBy else {
-                var error = HSMError(.sessionUnavailable, "the request's time ran out while it waited for a PKCS#11 session")
+                var error = HSMError(.requestExpired, "the request's time (sign_timeout_ms) ran out before it asked for a PKCS#11 session")
                 error.retryAfter = 1
                 error.tokenLabel = label
                 throw error

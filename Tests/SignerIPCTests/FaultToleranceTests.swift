@@ -203,6 +203,29 @@ struct FaultToleranceTests {
         #expect(counted.contains("signerd_hsm_errors_total{rv=\"sign_timeout\"} "), "an HSM error")
     }
 
+    /// A request that reached the token just before its deadline and asked
+    /// for a session just after it waited for none, yet was answered
+    /// `session_unavailable`, counted, and the idle token marked down (a
+    /// re-check of the watchdog fix, from the code).
+    @Test("a request past its deadline when it asks for a session: request_expired, and the idle token stays up")
+    func lateAtCheckout() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 20)
+        defer { daemon.stop() }
+        let progress = RequestProgress()
+        progress.markReachedToken()  // as if checkUp() ran in time
+        let digest = [UInt8](repeating: 7, count: 32)
+        var caught: HSMError?
+        RequestDeadline.$progress.withValue(progress) {
+            RequestDeadline.$current.withValue(MonotonicClock.now() &- 1_000_000) {
+                do throws(HSMError) { _ = try daemon.token.sign(digest: digest, keyID: daemon.keyID) } catch { caught = error }
+            }
+        }
+        // request_expired is answered as "still reading and checking" and counted nowhere (slowCheckIsNotAnOutage).
+        #expect(caught?.code == .requestExpired, "\(String(describing: caught))")
+        #expect(daemon.token.status == .up)
+        #expect(daemon.logged("token_down") == 0)
+    }
+
     @Test("a C_Sign that blocks 30 s: that request gets 503 at sign_timeout_ms, its session is quarantined, signatures flow again")
     func hungSign() throws {
         let daemon = try InProcessDaemon(signTimeoutMs: 1000)
