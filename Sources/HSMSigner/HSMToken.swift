@@ -678,7 +678,6 @@ public final class HSMToken: @unchecked Sendable {
     }
 
     private func checkout() throws(HSMError) -> SessionLease {
-        RequestDeadline.progress?.markReachedToken()
         var deadline = MonotonicClock.deadline(after: options.sessionCheckoutTimeout)
         if let answerBy = RequestDeadline.current {
             // The caller was already answered (503 at sign_timeout_ms): signing now would be work nobody reads.

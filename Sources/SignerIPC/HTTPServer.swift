@@ -211,6 +211,8 @@ final class RequestState: @unchecked Sendable {
     /// Bytes of the request target as sent, query string included.
     var targetBytes = 0
     var headProcessed = false
+    /// Header lines, and cookies with query arguments, in libmicrohttpd's pool, counted with the head.
+    var headRecords = (headers: 0, parsed: 0)
     var body: [UInt8] = []
     /// The body is over the limit: it is read and thrown away, and answered 413 once it has arrived.
     var tooLarge = false
@@ -940,6 +942,7 @@ public final class HTTPServer: @unchecked Sendable {
         if !state.headProcessed {
             state.headProcessed = true
             let headers = HeaderScan(connection)
+            state.headRecords = (headers.count, headers.parsedPairs)
             if let error = server.headerLimitError(headers, method: methodName, targetBytes: state.targetBytes) {
                 state.answered = true
                 // Written on the socket, not queued: a head this large can leave
@@ -1046,10 +1049,7 @@ public final class HTTPServer: @unchecked Sendable {
         // and take pool records too: too many, and the answer would not fit.
         let trailers = Int(MHD_get_connection_values(connection, .FOOTER_KIND, nil, nil))
         if trailers > 0, let owner = state.connection, owner.descriptor >= 0,
-           let error = HTTPServer.recordLimitError(headers: Int(MHD_get_connection_values(connection, .HEADER_KIND, nil, nil)),
-                                                   parsed: Int(MHD_get_connection_values(connection, .COOKIE_KIND, nil, nil))
-                                                       + Int(MHD_get_connection_values(connection, .GET_ARGUMENT_KIND, nil, nil)),
-                                                   trailers: trailers) {
+           let error = HTTPServer.recordLimitError(headers: state.headRecords.headers, parsed: state.headRecords.parsed, trailers: trailers) {
             owner.requestStarted.store(0, ordering: .releasing)
             let response = HTTPResponse(error: error)
             server.answerAndClose(owner, with: response)
