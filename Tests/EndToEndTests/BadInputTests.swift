@@ -507,6 +507,20 @@ struct BadInputTests {
         try expectServing(daemon)
     }
 
+    /// This session's new refusals, through the daemon: each names what was
+    /// wrong, and the daemon keeps serving.
+    @Test("nesting deeper than 32 and a ttl_seconds beyond 64 bits: named 400s, and the daemon keeps serving")
+    func nestingAndHugeTTL() throws {
+        let deep = #"{"bundle_id":"com.example.app","request":{"a":"# + String(repeating: "[", count: 40) + String(repeating: "]", count: 40) + "}}"
+        let nested = try daemon.client().send("POST", "/v1/sign/advanced-commerce-request", body: Array(deep.utf8))
+        #expect(nested.status == 400 && nested.error?.code == "invalid_json" && nested.error?.message.contains("nested more than 32 deep") == true,
+                "\(String(decoding: nested.body, as: UTF8.self))")
+        let ttl = try daemon.client().send("POST", "/v1/tokens/app-store-server-api", body: Array(#"{"bundle_id":"com.example.app","ttl_seconds":99999999999999999999}"#.utf8))
+        #expect(ttl.status == 400 && ttl.error?.field == "ttl_seconds" && ttl.error?.message.hasPrefix("ttl_seconds must be 1 to 3600 seconds") == true,
+                "\(String(decoding: ttl.body, as: UTF8.self))")
+        try expectServing(daemon)
+    }
+
     @Test("a request trickled one byte per 100 ms is dropped after request_timeout_seconds; others are served meanwhile")
     func trickle() throws {
         let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 30)
