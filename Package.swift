@@ -56,6 +56,13 @@ let package = Package(
             dependencies: ["SignerIPC", "HSMSigner"],
             swiftSettings: [.swiftLanguageMode(.v6)]
         ),
+        // The fuzz targets: libFuzzer binaries under scripts/fuzz.sh, a replayer
+        // of saved inputs in an ordinary build (the tests replay Tests/FuzzCorpus).
+        .executableTarget(
+            name: "signerd-fuzz",
+            dependencies: ["SignerIPC", "HSMSigner", "TestSupport"],
+            swiftSettings: [.swiftLanguageMode(.v6)]
+        ),
         // Fixtures shared by the test targets: throw-away SoftHSM tokens, key files in every form.
         .target(
             name: "TestSupport",

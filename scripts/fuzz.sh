@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# signerd fuzzing with libFuzzer: builds signerd-fuzz with --sanitize=fuzzer and
+# runs one or all of its targets for a while.
+#
+#   scripts/fuzz.sh [--asan] [--seconds N] [--jobs N] [handle|preflight|misc|all] [-- libFuzzer options]
+#
+# Targets (Sources/signerd-fuzz; docs/FUZZING.md):
+#   handle     SignerService.handle: every endpoint, body and field rule, signing on a SoftHSM token
+#   preflight  SignerService.preflight: the answers made from the request head alone
+#   misc       configuration, DER/raw signatures, RFC 7512 URIs, JWS, base64url,
+#              Apple's field rules, key files, command-line arguments, request bodies
+# Each starts from Tests/FuzzCorpus/<target> (read only) with its dictionary and
+# writes what it finds to .build/fuzz-work/<target>/: new inputs in corpus/,
+# crashes and slow inputs in artifacts/. A crash stops the run with libFuzzer's
+# report and exit status; copy the input into Tests/FuzzCorpus/<target> with
+# the fix, and the test suite replays it from then on.
+#   --seconds N  time per target (default 60)
+#   --asan       also AddressSanitizer (a separate build directory; slower)
+#   --jobs N     parallel fuzzing processes per target (default 1)
+# Needs the Swift toolchain (its compiler-rt has libFuzzer) and what
+# scripts/install-deps.sh installs; a SoftHSM token is made by the target itself.
+set -euo pipefail
+
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+seconds=60 jobs=1 asan=0 targets=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    --seconds) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "error: --seconds needs a whole number of seconds" >&2; exit 64; }; seconds=$2; shift 2 ;;
+    --jobs) [[ "${2:-}" =~ ^[1-9][0-9]*$ ]] || { echo "error: --jobs needs a whole number" >&2; exit 64; }; jobs=$2; shift 2 ;;
+    --asan) asan=1; shift ;;
+    handle|preflight|misc) targets+=("$1"); shift ;;
+    all) targets+=(handle preflight misc); shift ;;
+    --) shift; break ;;
+    *) echo "error: unknown argument '$1'" >&2; echo "hint: scripts/fuzz.sh --help" >&2; exit 64 ;;
+  esac
+done
+[ ${#targets[@]} -gt 0 ] || targets=(handle preflight misc)
+
+scratch=$repo/.build/fuzz sanitizers=(--sanitize=fuzzer)
+if [ "$asan" = 1 ]; then scratch=$repo/.build/fuzz-asan sanitizers+=(--sanitize=address); fi
+build=(swift build -c release "${sanitizers[@]}" -Xswiftc -DSIGNERD_LIBFUZZER --product signerd-fuzz --scratch-path "$scratch")
+echo "==> ${build[*]}" >&2
+(cd "$repo" && "${build[@]}" >&2)
+fuzzer=$(cd "$repo" && swift build -c release --scratch-path "$scratch" --show-bin-path)/signerd-fuzz
+
+status=0
+for target in "${targets[@]}"; do
+  work=$repo/.build/fuzz-work/$target
+  mkdir -p "$work/corpus" "$work/artifacts"
+  echo "==> $target for $seconds s: new inputs in $work/corpus, crashes in $work/artifacts" >&2
+  # libFuzzer writes its workers' logs (fuzz-N.log) into the current directory.
+  (cd "$work" && "$fuzzer" "$target" -max_total_time="$seconds" -jobs="$jobs" -workers="$jobs" \
+    -dict="$repo/Tests/FuzzCorpus/$target.dict" -artifact_prefix="$work/artifacts/" \
+    -print_final_stats=1 "$@" "$work/corpus" "$repo/Tests/FuzzCorpus/$target") || { status=$?; echo "error: $target stopped with status $status; the input is in $work/artifacts" >&2; break; }
+done
+exit $status
