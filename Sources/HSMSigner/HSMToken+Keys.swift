@@ -84,11 +84,11 @@ extension HSMToken {
         ])
     }
 
-    private func readPublicKey(_ keyID: String, session: UInt, curve: ECCurve) throws(HSMError) -> ECPublicKey? {
+    private func readPublicKey(_ keyID: String, id: [UInt8]? = nil, session: UInt, curve: ECCurve) throws(HSMError) -> ECPublicKey? {
         let handles = try find(session, [
             Attribute(P11.classAttribute, ulong: P11.publicKeyClass),
             Attribute(P11.keyType, ulong: P11.ecKeyType),
-            Attribute(P11.id, Array(keyID.utf8)),
+            Attribute(P11.id, id ?? Array(keyID.utf8)),
         ])
         guard let handle = handles.first, let point = try readAttribute(session, handle, P11.ecPoint, keyID: keyID) else {
             return nil
@@ -196,7 +196,7 @@ extension HSMToken {
                 if id.isEmpty && labelBytes.isEmpty && params.isEmpty { continue }
                 let label = HSMToken.printable(labelBytes)
                 let curve = ECCurve(parametersDER: params)
-                let publicKey = curve == nil ? nil : try? readPublicKey(keyID, session: session, curve: curve!)  // checked non-nil
+                let publicKey = curve == nil ? nil : try? readPublicKey(keyID, id: id, session: session, curve: curve!)  // checked non-nil
                 keys.append(TokenKeyInfo(
                     keyID: keyID, label: label, curve: curve, publicKey: publicKey ?? nil,
                     extractable: try readBool(session, handle, P11.extractable),
@@ -238,7 +238,8 @@ extension HSMToken {
     ///     other key IDs (``KeyImportResult/duplicateOf`` names them).
     /// - Returns: what was imported.
     /// - Throws: ``HSMError/Code/keyIDConflict`` when a key object of
-    ///   another type carries the key ID (with or without `replace`),
+    ///   another type carries the key ID as `CKA_ID`, or any key object
+    ///   carries it as `CKA_LABEL` under another `CKA_ID` (with or without `replace`),
     ///   ``HSMError/Code/keyExists`` (without `replace`),
     ///   ``HSMError/Code/keyDuplicate`` naming the other key IDs (without
     ///   `allowDuplicateKey`), both before any change;
@@ -268,11 +269,11 @@ extension HSMToken {
         let idBytes = Array(keyID.utf8)
         return try withReadWriteSession { (session) throws(HSMError) -> KeyImportResult in
             let (old, foreign) = try keyObjects(session, keyID: keyID)
-            // A key object of another type under this key ID (not an App
-            // Store key, made by another tool) would stay beside the import
-            // and make the key ID name two keys.
+            // A key object of another type under this key ID, or another
+            // application's key labelled with it, would stay beside the
+            // import and make the key ID name two keys.
             if !foreign.isEmpty {
-                var error = HSMError(.keyIDConflict, "key ID \(keyID) is already carried by \(foreign.joined(separator: " and ")) on token \(label), not an App Store (EC) key; signctl neither replaces nor deletes it: remove it with the tool that made it, or import under another key ID")
+                var error = HSMError(.keyIDConflict, "key ID \(keyID) is already carried by \(foreign.joined(separator: " and ")) on token \(label), not an App Store key signctl made; signctl neither replaces nor deletes it: remove or relabel it with the tool that made it, or import under another key ID")
                 error.keyID = keyID
                 error.tokenLabel = label
                 throw error
@@ -436,10 +437,10 @@ extension HSMToken {
             throw unread
         }
         forgetKey(keyID)
-        // Objects named by the key ID as CKA_ID or as CKA_LABEL, as the
-        // import counted the ones it replaces (keyObjects(_:keyID:)).
+        // EC key objects whose CKA_ID is the key ID, as the import counted
+        // the ones it replaces (keyObjects(_:keyID:)).
         func named(_ objectClass: UInt, _ session: UInt) throws(HSMError) -> [UInt] {
-            try objects(named: keyID, session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.keyType, ulong: P11.ecKeyType)])
+            try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.id, Array(keyID.utf8))])
         }
         try withReadWriteSession { (session) throws(HSMError) in
             var storedPrivate: UInt?
@@ -507,45 +508,49 @@ extension HSMToken {
         return holders.sorted()
     }
 
-    /// The key objects with `keyID` as `CKA_ID` or `CKA_LABEL`, split by key
-    /// type: the EC private and public key objects (what an import replaces
-    /// and a delete removes), and descriptions (`an RSA public key object`)
-    /// of key objects of any other type, which signctl leaves alone. Other
-    /// objects with that label or ID (data objects, certificates) are not
-    /// key objects and are not returned.
+    /// The key objects that carry `keyID`, split: the EC private and public
+    /// key objects whose `CKA_ID` is the key ID (what signerd signs with, an
+    /// import replaces and a delete removes), and descriptions (`an RSA
+    /// public key object`, `an EC private key object labelled ABC123DEFG
+    /// with CKA_ID 0x01`) of the others: key objects of another type with
+    /// that `CKA_ID`, and key objects of any type whose `CKA_LABEL` is the key
+    /// ID but whose `CKA_ID` is not (another application's key, or one made
+    /// without an ID). signctl neither replaces nor deletes those. Objects
+    /// that are not keys (data objects, certificates) are not looked at.
     ///
-    /// The corresponding PKCS#11 functions are `C_FindObjects` and `C_GetAttributeValue` (`CKA_KEY_TYPE`).
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and
+    /// `C_GetAttributeValue` (`CKA_KEY_TYPE`, `CKA_ID`).
     func keyObjects(_ session: UInt, keyID: String) throws(HSMError) -> (ec: [UInt], other: [String]) {
-        var ec: Set<UInt> = []
+        let idBytes = Array(keyID.utf8)
+        var ec: [UInt] = []
         var other: [String] = []
         for (objectClass, kind) in [(P11.privateKeyClass, "private"), (P11.publicKeyClass, "public")] {
-            for handle in try objects(named: keyID, session, [Attribute(P11.classAttribute, ulong: objectClass)]) {
-                let bytes = try readAttribute(session, handle, P11.keyType, keyID: keyID)
-                let type = bytes.flatMap { $0.count == MemoryLayout<UInt>.size ? $0.withUnsafeBytes { $0.loadUnaligned(as: UInt.self) } : nil }
+            let byID = try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.id, idBytes)])
+            for handle in byID {
+                let type = try keyType(session, handle, keyID: keyID)
                 if type == P11.ecKeyType {
-                    ec.insert(handle)
+                    ec.append(handle)
                 } else {
                     other.append("\(P11.keyTypeName(type)) \(kind) key object")
                 }
+            }
+            for handle in try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.label, idBytes)]) where !byID.contains(handle) {
+                let type = try keyType(session, handle, keyID: keyID)
+                let id = try readAttribute(session, handle, P11.id, keyID: keyID) ?? []
+                other.append("\(P11.keyTypeName(type)) \(kind) key object labelled \(keyID) with \(id.isEmpty ? "no CKA_ID" : "CKA_ID \(HSMToken.printable(id))")")
             }
         }
         return (ec.sorted(), other)
     }
 
-    /// The objects matching `template` that carry `keyID` as `CKA_ID` or
-    /// as `CKA_LABEL`: what an import replaces and a delete removes.
-    /// - Returns: the handles, sorted, each once.
-    func objects(named keyID: String, _ session: UInt, _ template: [Attribute]) throws(HSMError) -> [UInt] {
-        let idBytes = Array(keyID.utf8)
-        var handles: Set<UInt> = []
-        for naming in [Attribute(P11.id, idBytes), Attribute(P11.label, idBytes)] {
-            handles.formUnion(try find(session, template + [naming]))
-        }
-        return handles.sorted()
+    /// An object's `CKA_KEY_TYPE`, or nil when it has none of the right size.
+    private func keyType(_ session: UInt, _ handle: UInt, keyID: String) throws(HSMError) -> UInt? {
+        let bytes = try readAttribute(session, handle, P11.keyType, keyID: keyID)
+        return bytes.flatMap { $0.count == MemoryLayout<UInt>.size ? $0.withUnsafeBytes { $0.loadUnaligned(as: UInt.self) } : nil }
     }
 
-    /// Removes the EC private and public key objects with `keyID` as
-    /// `CKA_ID` or `CKA_LABEL`; other objects with that label or ID stay.
+    /// Removes the EC private and public key objects whose `CKA_ID` is
+    /// `keyID`; other objects with that label or ID stay (``keyObjects(_:keyID:)``).
     ///
     /// The corresponding PKCS#11 function is `C_DestroyObject`.
     /// - Parameter keyID: the key ID.
@@ -554,9 +559,10 @@ extension HSMToken {
     @discardableResult
     public func deleteKey(keyID: String) throws(HSMError) -> Int {
         let count = try withReadWriteSession { (session) throws(HSMError) -> Int in
-            let objects = try keyObjects(session, keyID: keyID).ec
+            let (objects, others) = try keyObjects(session, keyID: keyID)
             guard !objects.isEmpty else {
-                var error = HSMError(.keyNotFound, "no EC key objects with key ID \(keyID) on token \(label)")
+                let left = others.isEmpty ? "" : "; signctl leaves alone \(others.joined(separator: " and ")), which it did not make"
+                var error = HSMError(.keyNotFound, "no EC key objects with key ID \(keyID) as CKA_ID on token \(label)\(left)")
                 error.keyID = keyID
                 throw error
             }

@@ -541,9 +541,17 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     guard arguments.flag("yes") else {
         throw UsageError("deleting \(keyID) cannot be undone", hint: "add --yes to confirm")
     }
-    let token = try openTokenForWriting(loadConfiguration(configPath), configPath: configPath)
+    let configuration = try loadConfiguration(configPath)
+    let token = try openTokenForWriting(configuration, configPath: configPath)
     defer { token.close() }
     let removed = try ProcessControl.holdingTerminationSignals { try token.deleteKey(keyID: keyID) }
+    if configuration.keys.contains(where: { $0.keyID == keyID }) {
+        // A signerd that still has it configured takes its disappearance for
+        // the token's storage going away: every key answers 503 for about a
+        // second while the module is reinitialized (OPERATIONS.md, "Retiring a key").
+        FileHandle.standardError.write(Data(("warning: key_still_configured: \(keyID) is in keys[] of \(configPath); a signerd running with it marks the token down for about a second "
+            + "(every key answers 503) before it takes \(keyID) as deleted; remove it from keys[] of signerd's configuration and reload signerd before deleting a key\n").utf8))
+    }
     print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")
     return .success
 }

@@ -343,7 +343,10 @@ struct LifecycleTests {
         let client = daemon.client()
         let other = try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM
         #expect(try signAndVerify(client, keyID: "XYZ987WVUT", publicKeyPEM: try #require(daemon.keys["XYZ987WVUT"]).publicKeyPEM))
-        _ = try daemon.signctl(["keys", "delete", "XYZ987WVUT", "--yes"])
+        // Still in keys[] of the configuration signctl was given: it says what follows.
+        let (deletedStatus, deletedOutput) = daemon.signctlStatus(["keys", "delete", "XYZ987WVUT", "--yes"])
+        #expect(deletedStatus == 0, "\(deletedOutput)")
+        #expect(deletedOutput.contains("warning: key_still_configured: XYZ987WVUT is in keys[] of "), "\(deletedOutput)")
         var statuses: [Int] = []
         let deadline = Date().addingTimeInterval(10)
         while Date() < deadline {

@@ -401,6 +401,7 @@ struct SignctlCosmeticsTests {
         }
         let deleted = runSignctl(["--config", config, "keys", "delete", "COSMETIC01", "--yes"])
         #expect(deleted.stdout.contains("(2 objects)"), "\(deleted.stdout)")
+        #expect(!deleted.stderr.contains("key_still_configured"), "COSMETIC01 is not in keys[]: \(deleted.stderr)")
     }
 
     @Test("a signctl argument that is not valid UTF-8 is refused (64), naming the option")

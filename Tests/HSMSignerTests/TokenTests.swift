@@ -250,6 +250,50 @@ struct TokenTests {
         #expect(none?.code == .keyNotFound)
     }
 
+    @Test("another application's EC key whose label is the key ID (its CKA_ID differs) is neither replaced nor deleted; keys list finds its public key by its binary CKA_ID")
+    func labelOnlyNamesake() throws {
+        let token = try SoftHSMFixture.shared.makeToken("label-namesake")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        let theirs = try ECPrivateKeyMaterial(contentsOf: try TestKeyFiles.make().pkcs8Apple)
+        // A key pair as another tool makes it (pkcs11-tool --id 01 --label LABELONLY1).
+        func addForeignPair(label: String, id: [UInt8]) throws {
+            try hsm.withReadWriteSession { (session) throws(HSMError) in
+                let common = [Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.token, bool: true),
+                              Attribute(P11.label, Array(label.utf8)), Attribute(P11.id, id), Attribute(P11.ecParams, ECCurve.p256.parametersDER)]
+                let (publicRV, _) = hsm.functions.createObject(session, template: [Attribute(P11.classAttribute, ulong: P11.publicKeyClass)] + common
+                    + [Attribute(P11.ecPoint, HSMToken.wrappedECPoint(theirs.publicKey.uncompressedPoint))])
+                let (privateRV, _) = hsm.functions.createObject(session, template: [Attribute(P11.classAttribute, ulong: P11.privateKeyClass)] + common
+                    + [Attribute(P11.private, bool: true), Attribute(P11.sign, bool: true), Attribute(P11.value, secret: theirs.scalar)])
+                #expect(publicRV == .ok && privateRV == .ok)
+            }
+        }
+        func foreignObjects(_ id: [UInt8]) throws -> Int {
+            try hsm.withSession { (session) throws(HSMError) -> Int in try hsm.find(session, [Attribute(P11.id, id)]).count }
+        }
+        try addForeignPair(label: "LABELONLY1", id: [0x01])
+        let deleted = #expect(throws: HSMError.self) { try hsm.deleteKey(keyID: "LABELONLY1") }
+        #expect(deleted?.code == .keyNotFound)
+        #expect(deleted?.message.contains("EC private key object labelled LABELONLY1 with CKA_ID 0x01") == true, "\(deleted?.message ?? "")")
+        let imported = #expect(throws: HSMError.self) {
+            _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "LABELONLY1", replace: true)
+        }
+        #expect(imported?.code == .keyIDConflict, "not key_exists: no object has the key ID as CKA_ID")
+        #expect(imported?.message.contains("labelled LABELONLY1 with CKA_ID 0x01") == true, "\(imported?.message ?? "")")
+        #expect(try foreignObjects([0x01]) == 2, "the other application's key pair is still there")
+        // Its public key is found by its CKA_ID's bytes, not by their printable form "0x01".
+        let listed = try #require(try hsm.listKeys().first { $0.keyID == "0x01" })
+        #expect(listed.publicKey == theirs.publicKey)
+
+        // Ours first, a namesake added afterwards: delete removes ours alone.
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "OURKEY0001", replace: false)
+        try addForeignPair(label: "OURKEY0001", id: [0x02])
+        #expect(try hsm.deleteKey(keyID: "OURKEY0001") == 2)
+        #expect(try foreignObjects([0x02]) == 2)
+        #expect(try foreignObjects(Array("OURKEY0001".utf8)) == 0)
+    }
+
     @Test("a key object of another type under the key ID: an import is refused naming it; one added later does not stop the EC key from signing")
     func foreignKeyType() throws {
         let token = try SoftHSMFixture.shared.makeToken("foreign-type")
