@@ -283,13 +283,48 @@ public final class ECPrivateKeyMaterial: Sendable {
 
     /// The key ID in an Apple key file name: `AuthKey_<KEYID>.p8` or
     /// `SubscriptionKey_<KEYID>.p8`, the ID being 10 characters `A-Z0-9`.
+    /// The `.p8` may be in any case, and a browser's ` (1)` before it (a
+    /// second download of the same name) is passed over.
     /// - Parameter path: a path or file name.
-    /// - Returns: the key ID, or nil when the name does not follow Apple's pattern.
+    /// - Returns: the key ID, or nil when the name does not follow Apple's pattern
+    ///   (``keyIDProblem(fileName:)`` says why).
     public static func keyID(fromFileName path: String) -> String? {
-        let name = path.split(separator: "/").last.map(String.init) ?? path
-        for prefix in ["AuthKey_", "SubscriptionKey_"] where name.hasPrefix(prefix) && name.hasSuffix(".p8") {
-            let id = String(name.dropFirst(prefix.count).dropLast(3))
-            if KeyID.isValid(id) { return id }
+        guard let id = keyIDPart(fileName: path), KeyID.isValid(id) else { return nil }
+        return id
+    }
+
+    /// Why the key ID cannot be taken from a file name, in words for an
+    /// error message: the ID part is not 10 characters `A-Z0-9` (lower case
+    /// included: App Store Connect's key IDs are upper case), or the name is
+    /// not `AuthKey_<KEYID>.p8` or `SubscriptionKey_<KEYID>.p8` at all.
+    /// - Parameter path: a path or file name.
+    /// - Returns: the reason, or nil when ``keyID(fromFileName:)`` finds the ID.
+    public static func keyIDProblem(fileName path: String) -> String? {
+        guard let id = keyIDPart(fileName: path) else {
+            return "the name is not AuthKey_<KEYID>.p8 or SubscriptionKey_<KEYID>.p8"
+        }
+        if KeyID.isValid(id) { return nil }
+        if KeyID.isValid(id.uppercased()) {
+            return "its key ID, \(id), is not in upper case as App Store Connect shows key IDs"
+        }
+        return "its key ID part, \(id), is not 10 characters A-Z0-9"
+    }
+
+    /// What stands between `AuthKey_` or `SubscriptionKey_` and `.p8` (any
+    /// case, a trailing ` (N)` dropped), or nil when the name has neither.
+    private static func keyIDPart(fileName path: String) -> String? {
+        var name = Substring(path.split(separator: "/").last ?? Substring(path))
+        guard name.lowercased().hasSuffix(".p8") else { return nil }
+        name = name.dropLast(3)
+        // "SubscriptionKey_ABC123DEFG (1).p8": the browser's second copy.
+        if name.last == ")", let open = name.lastIndex(of: "("), name[..<open].hasSuffix(" ") {
+            let digits = name[name.index(after: open)..<name.index(before: name.endIndex)]
+            if !digits.isEmpty && digits.allSatisfy({ $0.isASCII && $0.isNumber }) {
+                name = name[..<name.index(before: open)]
+            }
+        }
+        for prefix in ["AuthKey_", "SubscriptionKey_"] where name.hasPrefix(prefix) {
+            return String(name.dropFirst(prefix.count))
         }
         return nil
     }

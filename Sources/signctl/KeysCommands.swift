@@ -353,7 +353,7 @@ func keyIDArgument(_ arguments: Arguments) throws -> String {
 func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: ["key-id"], flags: ["replace", "json", "force-key-id", "allow-duplicate-key"])
     if arguments.flag("help") {
-        print("usage: signctl keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] [--json] FILE.p8\n\nThe key ID comes from an AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8 file name unless given.\nA --key-id other than the one in such a name is refused unless --force-key-id is given.\nA key already on the token under another key ID is refused (exit 65, naming that key ID)\nunless --allow-duplicate-key is given; --replace of a key ID with its own key is not a duplicate.")
+        print("usage: signctl keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] [--json] FILE.p8\n\nThe key ID comes from an AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8 file name unless given\n(a browser's second copy, SubscriptionKey_<ID> (1).p8, and .P8 included).\nA --key-id other than the one in such a name is refused unless --force-key-id is given.\nA key already on the token under another key ID is refused (exit 65, naming that key ID)\nunless --allow-duplicate-key is given; --replace of a key ID with its own key is not a duplicate.")
         return .success
     }
     let path = try arguments.positionals(1, "the key file (FILE.p8)")[0]
@@ -372,7 +372,8 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     }
     let nameKeyID = ECPrivateKeyMaterial.keyID(fromFileName: path)
     guard let keyID = arguments.options["key-id"] ?? nameKeyID else {
-        throw UsageError("cannot tell the key ID from the file name \(path)", hint: "pass --key-id ID (10 characters A-Z0-9, as App Store Connect shows it)")
+        let reason = ECPrivateKeyMaterial.keyIDProblem(fileName: path).map { ": \($0)" } ?? ""
+        throw UsageError("cannot tell the key ID from the file name \(path)\(reason)", hint: "pass --key-id ID (10 characters A-Z0-9, as App Store Connect shows it)")
     }
     guard KeyID.isValid(keyID) else {
         throw UsageError("--key-id must be 10 characters A-Z0-9; got \(keyID)")

@@ -1122,7 +1122,7 @@ struct SignctlHintTests {
         try FileManager.default.copyItem(atPath: files.pkcs8Apple, toPath: plain)
         let unnamed = runSignctl(["--config", config, "keys", "import", plain])
         #expect(unnamed.status == 64, "\(unnamed.stderr)")
-        #expect(unnamed.stderr.contains("cannot tell the key ID from the file name"), "\(unnamed.stderr)")
+        #expect(unnamed.stderr.contains("cannot tell the key ID from the file name \(plain): the name is not AuthKey_<KEYID>.p8"), "\(unnamed.stderr)")
     }
 
     /// `verify … --public-key /nonexistent` said only "cannot read the public key".

@@ -313,3 +313,29 @@ struct PINDirectoryTests {
         }
     }
 }
+
+@Suite("Operator input: key file names")
+struct KeyFileNameTests {
+    @Test("the key ID comes from Apple's names, a browser's second copy and an upper-case .P8 included",
+          arguments: [
+            ("SubscriptionKey_ABC123DEFG.p8", "ABC123DEFG"), ("/tmp/x/AuthKey_XYZ987WVUT.p8", "XYZ987WVUT"),
+            ("SubscriptionKey_ABC123DEFG (1).p8", "ABC123DEFG"), ("SubscriptionKey_ABC123DEFG (12).p8", "ABC123DEFG"),
+            ("SubscriptionKey_ABC123DEFG.P8", "ABC123DEFG"),
+          ])
+    func keyIDFound(_ name: String, _ keyID: String) {
+        #expect(ECPrivateKeyMaterial.keyID(fromFileName: name) == keyID)
+        #expect(ECPrivateKeyMaterial.keyIDProblem(fileName: name) == nil)
+    }
+
+    @Test("a name the key ID cannot be taken from says why",
+          arguments: [
+            ("SubscriptionKey_abc123defg.p8", "is not in upper case"), ("SubscriptionKey_ABC123DEF.p8", "ABC123DEF, is not 10 characters"),
+            ("SubscriptionKey_ABC123DEFG (x).p8", "is not 10 characters"), ("SubscriptionKey_ABC123DEFG(1).p8", "is not 10 characters"),
+            ("key.p8", "not AuthKey_<KEYID>.p8"), ("SubscriptionKey_ABC123DEFG.pem", "not AuthKey_<KEYID>.p8"),
+          ])
+    func keyIDProblem(_ name: String, _ reason: String) {
+        #expect(ECPrivateKeyMaterial.keyID(fromFileName: name) == nil)
+        let problem = ECPrivateKeyMaterial.keyIDProblem(fileName: name) ?? ""
+        #expect(problem.contains(reason), "\(problem)")
+    }
+}
