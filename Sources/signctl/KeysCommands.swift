@@ -193,7 +193,14 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
     } catch let error as HSMError where error.code == .pinRejected {
         // Which PIN the token refused, by where it came from: the path, never the PIN.
         let source = uri.pinSource.flatMap(PKCS11URI.pinFilePath).map { "the PIN file \($0)" } ?? "the pin-value"
-        throw CommandFailure(error, message: "\(error.description) (the PIN read from \(source) that token_uri of \(configPath) names)", hint: hint(for: error))
+        // SoftHSM finds tokens through SOFTHSM2_CONF: the quick start's and a
+        // service's token may share a label, and the PIN then went to the other.
+        let module = uri.modulePath ?? uri.moduleName
+        let softHSM = SoftHSMFiles.tokenDirectory(module: module).map { directory in
+            "; SoftHSM looked in \(directory) (" + (ProcessInfo.processInfo.environment["SOFTHSM2_CONF"].map { "SOFTHSM2_CONF is \($0)" } ?? "SOFTHSM2_CONF is not set")
+                + "): if that is not the token this configuration is for, a token there with the same label got the PIN, and export SOFTHSM2_CONF=<its softhsm2.conf> first"
+        } ?? ""
+        throw CommandFailure(error, message: "\(error.description) (the PIN read from \(source) that token_uri of \(configPath) names)", hint: (hint(for: error) ?? "") + softHSM)
     }
 }
 

@@ -368,6 +368,8 @@ struct PINRefusedAtOpenTests {
         // Which PIN was refused: the file it came from, never the PIN.
         #expect(own.hasPrefix("error: pin_rejected: ") && own.contains("(the PIN read from the PIN file \(pin) that token_uri of \(daemon.configPath) names)"), "\(list.stderr)")
         #expect(!list.stderr.contains(String(repeating: "9", count: 8)), "no PIN in the output: \(list.stderr)")
+        // Another SoftHSM token with the same label may have got it: where SoftHSM looked.
+        #expect(own.contains("SoftHSM looked in ") && own.contains("SOFTHSM2_CONF is "), "\(list.stderr)")
     }
 }
 
