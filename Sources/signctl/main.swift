@@ -59,7 +59,8 @@ Exit codes: 0 ok, 64 usage, 65 bad data, 69 unavailable (daemon, token or module
 
 /// A failure as `--json` writes it on stdout: `{"error": {"code", "message",
 /// "hint", "exit_code"}}`, beside the same words on stderr. `code` is the
-/// stable code of a token, key-file or daemon error when there is one.
+/// stable code of a token, key-file or daemon error when there is one, and
+/// `usage` for a usage error (exit 64).
 struct JSONFailure: Encodable {
     let code: String?
     let message: String
@@ -263,7 +264,7 @@ func runReporting(_ words: [String]) -> Int32 {
         })
         return try runCommand(words).rawValue
     } catch let error as UsageError {
-        caught = (error.message, error.hint, .usage, nil)
+        caught = (error.message, error.hint, .usage, "usage")
     } catch let error as CommandFailure {
         caught = (error.message, error.hint, error.code, error.errorCode)
     } catch let error as HSMError {

@@ -774,6 +774,7 @@ struct SignctlHintTests {
         #expect(usage.status == 64)
         let usageObject = try #require(try JSONSerialization.jsonObject(with: Data(usage.stdout.utf8)) as? [String: [String: Any]], "\(usage.stdout)")
         #expect(usageObject["error"]?["exit_code"] as? Int == 64)
+        #expect(usageObject["error"]?["code"] as? String == "usage", "\(usage.stdout)")
         #expect(runSignctl(["--config", config, "keys", "list", "--no-such-flag"]).stdout.isEmpty)
         // Before the command, as --config and --final-try may be: it was "unknown command --json" (64).
         let listed = runSignctl(["--json", "--config", config, "keys", "list"])
