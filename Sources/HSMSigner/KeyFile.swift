@@ -11,8 +11,9 @@ import Glibc
 /// ready to be imported into a token.
 ///
 /// Accepts what Apple and other tools write: PEM PKCS#8
-/// (`-----BEGIN PRIVATE KEY-----`, the 147-byte form with the public key and
-/// the 135-byte form without it) and SEC1 (`-----BEGIN EC PRIVATE KEY-----`),
+/// (`-----BEGIN PRIVATE KEY-----`: Apple's form, 147 content bytes with the
+/// curve repeated inside and the public key; OpenSSL's, 135 content bytes
+/// with the public key; and forms without the public key) and SEC1 (`-----BEGIN EC PRIVATE KEY-----`),
 /// with LF, CRLF or CR line endings, lines indented or with trailing
 /// whitespace (a key pasted from an e-mail or a YAML file). The scalar lives
 /// in a ``SecureBytes`` buffer that is wiped when this object is released.
