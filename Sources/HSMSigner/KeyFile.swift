@@ -38,7 +38,8 @@ public final class ECPrivateKeyMaterial: Sendable {
     /// - Parameter pem: the file's bytes.
     /// - Throws: ``CryptoError/Code/keyFileInvalid`` (not a PEM private key,
     ///   each with its own headline: an empty file, more than one PEM private
-    ///   key, an encrypted key, a public point off the curve),
+    ///   key, an encrypted key, a public point off the curve, an embedded
+    ///   public key that is not the private key's: `EVP_PKEY_pairwise_check`),
     ///   ``CryptoError/Code/unsupportedKeyType`` (RSA, Ed25519, …),
     ///   ``CryptoError/Code/unsupportedCurve`` (any curve but P-256, named).
     public init(pem: SecureBytes) throws(CryptoError) {
@@ -126,6 +127,17 @@ public final class ECPrivateKeyMaterial: Sendable {
             throw CryptoError(.keyFileInvalid, "cannot derive the public key from the private key")
         }
         publicKey = try ECPublicKey(curve: curve, uncompressedPoint: point)
+        // A public key embedded in the file must be the private key's own
+        // (d·G): one that is not is a damaged or edited file, and is better
+        // refused here than by the import's self-test after writing to the token.
+        guard let context = EVP_PKEY_CTX_new_from_pkey(nil, key.pointer, nil) else {
+            throw CryptoError(.keyFileInvalid, "cannot check that the key's public half belongs to its private half")
+        }
+        defer { EVP_PKEY_CTX_free(context) }
+        guard EVP_PKEY_pairwise_check(context) == 1 else {
+            throw CryptoError(.keyFileInvalid, "the public key in the file does not belong to its private key: the file is damaged or was edited; "
+                              + "use an intact copy of the .p8 (App Store Connect lets you download a key once; with no intact copy, revoke the key and make a new one)")
+        }
     }
 
     /// Reads and parses a key file.

@@ -105,6 +105,14 @@ struct OperatorKeyFileTests {
         var der = [UInt8](try run(["openssl", "ec", "-in", files.sec1, "-outform", "DER"]))
         der[der.count - 1] ^= 1
         let offCurve = try Self.write("offcurve.p8", TestKeyFiles.pem("EC PRIVATE KEY", der, lineEnding: "\n"))
+        // Apple's PKCS#8 ends with the public point too: put another key's point there (on the curve, not this key's).
+        let appleText = try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8)
+        var apple = [UInt8](try #require(Data(base64Encoded: appleText.split(separator: "\n").filter { !$0.hasPrefix("-----") }.joined())))
+        let otherPoint = try ECPublicKey(pem: try TestKeyFiles.make().publicKeyPEM).uncompressedPoint
+        let ownPoint = try ECPublicKey(pem: files.publicKeyPEM).uncompressedPoint
+        #expect(apple.count == 150 && Array(apple.suffix(65)) == ownPoint)
+        apple.replaceSubrange((apple.count - otherPoint.count)..., with: otherPoint)
+        let mismatched = try Self.write("mismatched.p8", TestKeyFiles.pem("PRIVATE KEY", apple, lineEnding: "\n"))
         // Cut short, with and without the END line put back, and one Base64 character changed.
         let good = try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8)
         let body = good.split(separator: "\n").filter { !$0.hasPrefix("-----") }.joined()
@@ -120,6 +128,7 @@ struct OperatorKeyFileTests {
             (encrypted, "the key file is encrypted ("),
             (legacy, "the key file is encrypted ("),
             (offCurve, "the key's public point is not on the curve"),
+            (mismatched, "the public key in the file does not belong to its private key"),
         ]
         // A key saved as binary DER (PKCS#8 and SEC1) is named as such, with the conversion.
         let pkcs8DER = try run(["openssl", "pkey", "-in", files.pkcs8Apple, "-outform", "DER"])
