@@ -37,7 +37,7 @@ public final class ECPrivateKeyMaterial: Sendable {
     /// Parses PEM key text held in a secure buffer.
     /// - Parameter pem: the file's bytes.
     /// - Throws: ``CryptoError/Code/keyFileInvalid`` (not a PEM private key,
-    ///   each with its own headline: an empty file, more than one PEM private
+    ///   each with its own headline: an empty file, UTF-16 text, more than one PEM private
     ///   key, an encrypted key, a public point off the curve, an embedded
     ///   public key that is not the private key's: `EVP_PKEY_pairwise_check`),
     ///   ``CryptoError/Code/unsupportedKeyType`` (RSA, Ed25519, …),
@@ -49,6 +49,14 @@ public final class ECPrivateKeyMaterial: Sendable {
                                                    keys: ECPrivateKeyMaterial.count(bytes, "-----BEGIN ") == 0 ? 0 : ECPrivateKeyMaterial.count(bytes, "PRIVATE KEY-----") / 2) }
         guard !text.empty else {
             throw CryptoError(.keyFileInvalid, "the key file is empty")
+        }
+        // A .p8 opened and saved again by a Windows editor can come back as UTF-16.
+        let utf16 = pem.withUnsafeBytes { bytes in
+            bytes.starts(with: [0xFF, 0xFE]) || bytes.starts(with: [0xFE, 0xFF])
+                || ECPrivateKeyMaterial.count(bytes, "-\0-\0-\0-\0-\0B\0E\0G\0I\0N\0") + ECPrivateKeyMaterial.count(bytes, "\0-\0-\0-\0-\0-\0B\0E\0G\0I\0N") > 0
+        }
+        guard !utf16 else {
+            throw CryptoError(.keyFileInvalid, "the key file is UTF-16 text, not the ASCII PEM Apple delivers (it was saved again by an editor); convert it with: iconv -f UTF-16 -t ASCII FILE > AuthKey_KEYID.p8, then import that")
         }
         guard text.keys <= 1 else {
             throw CryptoError(.keyFileInvalid, "the key file holds \(text.keys) PEM private keys; put each key in a file of its own (import reads one key per file, and which one was meant cannot be told)")

@@ -91,6 +91,12 @@ struct OperatorKeyFileTests {
         return path
     }
 
+    static func write(bytes: [UInt8], _ name: String) throws -> String {
+        let path = TemporaryDirectory.make(prefix: "signerd-keyfile") + "/" + name
+        #expect(FileManager.default.createFile(atPath: path, contents: Data(bytes)))
+        return path
+    }
+
     /// Each of these said "not a PEM private key: expected … unencrypted"
     /// followed by OpenSSL's error queue.
     @Test("an empty file, an encrypted key, a public point off the curve and a damaged or cut-short PEM block each get their own headline")
@@ -129,6 +135,8 @@ struct OperatorKeyFileTests {
             (legacy, "the key file is encrypted ("),
             (offCurve, "the key's public point is not on the curve"),
             (mismatched, "the public key in the file does not belong to its private key"),
+            (try Self.write(bytes: [0xFF, 0xFE] + [UInt8](try #require(good.data(using: .utf16LittleEndian))), "utf16le.p8"), "the key file is UTF-16 text"),
+            (try Self.write(bytes: [UInt8](try #require(good.data(using: .utf16BigEndian))), "utf16be.p8"), "the key file is UTF-16 text"),
         ]
         // A key saved as binary DER (PKCS#8 and SEC1) is named as such, with the conversion.
         let pkcs8DER = try run(["openssl", "pkey", "-in", files.pkcs8Apple, "-outform", "DER"])
