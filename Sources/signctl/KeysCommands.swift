@@ -482,7 +482,10 @@ func keysList(_ words: [String], configPath: String) throws -> ExitCode {
         return .success
     }
     func flag(_ value: Bool?) -> String { value.map { $0 ? "true" : "false" } ?? "?" }
-    print("KEY ID      CURVE  PUBLIC  EXTRACTABLE  SENSITIVE  SHA-256 FINGERPRINT")
+    // Labels are shown when one differs from its key ID (signctl gives both
+    // the same value): a key another tool made, whose label may be taken for its ID.
+    let showLabels = keys.contains { $0.label != $0.keyID }
+    print("KEY ID      CURVE  PUBLIC  EXTRACTABLE  SENSITIVE  SHA-256 FINGERPRINT" + (showLabels ? String(repeating: " ", count: 47) + "LABEL" : ""))
     for key in keys {
         let columns = [
             key.keyID.padding(toLength: 10, withPad: " ", startingAt: 0),
@@ -490,7 +493,7 @@ func keysList(_ words: [String], configPath: String) throws -> ExitCode {
             (key.hasPublicKey ? "yes" : "no").padding(toLength: 6, withPad: " ", startingAt: 0),
             flag(key.extractable).padding(toLength: 11, withPad: " ", startingAt: 0),
             flag(key.sensitive).padding(toLength: 9, withPad: " ", startingAt: 0),
-            key.fingerprint ?? "-",
+            showLabels ? (key.fingerprint ?? "-").padding(toLength: 64, withPad: " ", startingAt: 0) + "  " + key.label : key.fingerprint ?? "-",
         ]
         print(columns.joined(separator: "  "))
     }

@@ -494,6 +494,40 @@ struct SignctlPublicKeyOnlyTests {
     }
 }
 
+@Suite("signctl keys: another application's key labelled with a key ID")
+struct SignctlLabelNamesakeTests {
+    /// pkcs11-tool --keypairgen --id 01 --label NAMESAKE01: keys delete
+    /// NAMESAKE01 destroyed it, and keys import called it key_exists.
+    @Test("keys list shows the label column, import is key_id_conflict naming it, delete leaves it (65 both)")
+    func labelNamesake() throws {
+        let (token, config) = try tokenConfig("namesake")
+        let files = try TestKeyFiles.make()
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "ABC123DEFG", files.sec1]).status == 0)
+        let theirs = try ECPrivateKeyMaterial(contentsOf: try TestKeyFiles.make().pkcs8Apple)
+        let hsm = try inProcessToken(token)
+        try hsm.withReadWriteSession { (session) throws(HSMError) in
+            let common = [Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.token, bool: true), Attribute(P11.label, Array("NAMESAKE01".utf8)),
+                          Attribute(P11.id, [0x01]), Attribute(P11.ecParams, ECCurve.p256.parametersDER)]
+            for template in [[Attribute(P11.classAttribute, ulong: P11.publicKeyClass), Attribute(P11.ecPoint, HSMToken.wrappedECPoint(theirs.publicKey.uncompressedPoint))],
+                             [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.private, bool: true), Attribute(P11.value, secret: theirs.scalar)]] {
+                #expect(hsm.functions.createObject(session, template: template + common).0 == .ok)
+            }
+        }
+        hsm.close()
+        let list = runSignctl(["--config", config, "keys", "list"])
+        #expect(list.status == 0, "\(list.stderr)")
+        let lines = list.stdout.split(separator: "\n")
+        #expect(lines.first?.hasSuffix("SHA-256 FINGERPRINT" + String(repeating: " ", count: 47) + "LABEL") == true, "\(list.stdout)")
+        #expect(lines.contains { $0.hasPrefix("0x01") && $0.hasSuffix("  " + theirs.publicKey.fingerprint + "  NAMESAKE01") }, "\(list.stdout)")
+        #expect(lines.contains { $0.hasPrefix("ABC123DEFG") && $0.hasSuffix("  ABC123DEFG") }, "\(list.stdout)")
+        let imported = runSignctl(["--config", config, "keys", "import", "--replace", "--key-id", "NAMESAKE01", files.pkcs8OpenSSL])
+        #expect(imported.status == 65 && imported.stderr.contains("error: key_id_conflict: key ID NAMESAKE01 is already carried by an EC private key object labelled NAMESAKE01 with CKA_ID 0x01"), "\(imported.stderr)")
+        let deleted = runSignctl(["--config", config, "keys", "delete", "NAMESAKE01", "--yes"])
+        #expect(deleted.status == 65 && deleted.stderr.contains("error: key_not_found: ") && deleted.stderr.contains("signctl leaves alone"), "\(deleted.stderr)")
+        #expect(runSignctl(["--config", config, "keys", "list"]).stdout.contains("NAMESAKE01"), "still there")
+    }
+}
+
 @Suite("signctl keys list: a replacement that stopped half-way")
 struct SignctlHalfReplacedTests {
     /// The old and the new objects both under one key ID: signerd answered
