@@ -185,8 +185,13 @@ package enum JSONText {
         if body.starts(with: [0xEF, 0xBB, 0xBF]) || body.starts(with: [0xFE, 0xFF]) || body.starts(with: [0xFF, 0xFE]) {
             return "it starts with a byte-order mark"
         }
-        if body.contains(0) { return "it holds a NUL byte, as UTF-16 and UTF-32 text does" }
-        if String(validating: body, as: UTF8.self) == nil { return "invalid UTF-8 sequence" }
+        // One pass for NUL and ASCII; the decoder only for text that is not all ASCII.
+        var ascii = true
+        for byte in body {
+            if byte == 0 { return "it holds a NUL byte, as UTF-16 and UTF-32 text does" }
+            if byte >= 0x80 { ascii = false }
+        }
+        if !ascii, String(validating: body, as: UTF8.self) == nil { return "invalid UTF-8 sequence" }
         return nil
     }
 

@@ -126,17 +126,6 @@ public enum JSONValue: Sendable, Equatable, Codable {
     /// - Throws: ``APIError`` `invalid_field` naming the member that holds such
     ///   a number; `invalid_json` for a type JSON does not have.
     public init(foundation value: Any, path: String, exact: Bool = true) throws(APIError) {
-        try self.init(foundation: value, path: path, exact: exact, spellings: nil)
-    }
-
-    /// As ``init(foundation:path:exact:)``, with how each number is written
-    /// taken from the text when `spellings` is given: a number written with
-    /// a fraction or an exponent becomes ``number(_:)`` whatever type
-    /// Foundation chose for it (`1.796013077037E+12` and
-    /// `-9.223372036854775808E+18` come back as `NSDecimalNumber`), and
-    /// one written as an integer is exact when it lies within `Int64`
-    /// (`-1234567890123456789` comes back as `NSDecimalNumber` too).
-    init(foundation value: Any, path: String, exact: Bool, spellings: NumberSpellings?) throws(APIError) {
         // Strings first (most members are strings), then containers:
         // testing a Swift dictionary `as NSNumber` bridges the whole
         // dictionary to NSDictionary (measured: a third of the request's
@@ -150,32 +139,21 @@ public enum JSONValue: Sendable, Equatable, Codable {
             var members: [String: JSONValue] = [:]
             members.reserveCapacity(object.count)
             for (key, member) in object {
-                members[key] = try JSONValue(foundation: member, path: path.isEmpty ? key : "\(path).\(key)", exact: exact,
-                                             spellings: spellings?.entering(.member(key)))
+                members[key] = try JSONValue(foundation: member, path: path.isEmpty ? key : "\(path).\(key)", exact: exact)
             }
             self = .object(members)
         case let array as [Any]:
             var values: [JSONValue] = []
             values.reserveCapacity(array.count)
             for (index, element) in array.enumerated() {
-                values.append(try JSONValue(foundation: element, path: "\(path)[\(index)]", exact: exact, spellings: spellings?.entering(.element(index))))
+                values.append(try JSONValue(foundation: element, path: "\(path)[\(index)]", exact: exact))
             }
             self = .array(values)
         case let decimal as NSDecimalNumber:
             // Foundation's form for what neither Int64 nor Double holds exactly
             // (big integers, long fractions), but also for some numbers that
             // one of them holds, written either way.
-            if let spellings {
-                if spellings.isFractionalHere {
-                    self = .number(decimal.doubleValue)
-                    return
-                }
-                // Written as an integer, so the decimal holds it exactly.
-                if let integer = Int64(decimal.stringValue) {
-                    self = .integer(integer)
-                    return
-                }
-            } else if decimal.compare(NSDecimalNumber(value: Int64.min)) == .orderedSame {
+            if decimal.compare(NSDecimalNumber(value: Int64.min)) == .orderedSame {
                 self = .integer(Int64.min)
                 return
             }
@@ -187,14 +165,6 @@ public enum JSONValue: Sendable, Equatable, Codable {
         case let number as NSNumber:
             switch String(cString: number.objCType) {
             case "c", "B": self = .bool(number.boolValue)
-            case _ where spellings?.isFractionalHere == true: self = .number(number.doubleValue)
-            // A `where` clause binds only the pattern it follows: each needs its own.
-            case "d" where spellings != nil && exact, "f" where spellings != nil && exact:
-                // Written as an integer (not fractional here), yet too long
-                // for NSDecimalNumber too (over about 165 digits): Foundation
-                // gave a Double. Say what was sent, not "a fraction or an exponent".
-                let digits = Int(log10(max(1, abs(number.doubleValue)))) + 1
-                throw JSONValue.inexact("an integer of \(digits) digits", path: path)
             case "d", "f": self = .number(number.doubleValue)
             case "Q", "L", "I", "S":
                 guard number.uint64Value <= UInt64(Int64.max) else {
@@ -214,7 +184,9 @@ public enum JSONValue: Sendable, Equatable, Codable {
         }
     }
 
-    private static func inexact(_ text: String, path: String) -> APIError {
+    /// `invalid_field` for a number at `path` that signerd would not sign
+    /// exactly, quoting it as `text`.
+    static func inexact(_ text: String, path: String) -> APIError {
         var error = APIError(.invalidField, "\(path.isEmpty ? "the value" : path) is \(text), beyond the numbers signerd signs exactly: integers from -9223372036854775808 to 9223372036854775807, written without a fraction or exponent", field: path.isEmpty ? nil : path)
         error.numberSent = text
         return error
@@ -226,19 +198,40 @@ public enum JSONValue: Sendable, Equatable, Codable {
     /// (`9007199254740993e0` reads as 9007199254740992, `1e-400` as 0).
     /// - Parameter path: the value's own path.
     public func firstFractionalNumber(path: String) -> String? {
+        // The path is built only for the number found: building one per
+        // value would cost the depth times the names' length for each.
+        var steps: [JSONStep] = []
+        guard firstFractionalNumber(below: &steps) else { return nil }
+        var found = path
+        for step in steps {
+            switch step {
+            case .member(let key): found += found.isEmpty ? key : ".\(key)"
+            case .element(let index): found += "[\(index)]"
+            }
+        }
+        return found
+    }
+
+    /// Whether the value holds a number with a fraction or exponent; if so,
+    /// `steps` leads to the first one (members in name order).
+    private func firstFractionalNumber(below steps: inout [JSONStep]) -> Bool {
         switch self {
-        case .number: return path
+        case .number: return true
         case .object(let members):
             for key in members.keys.sorted() {
-                if let found = members[key]!.firstFractionalNumber(path: path.isEmpty ? key : "\(path).\(key)") { return found }  // key from the dictionary
+                steps.append(.member(key))
+                if members[key]!.firstFractionalNumber(below: &steps) { return true }  // key from the dictionary
+                steps.removeLast()
             }
-            return nil
+            return false
         case .array(let values):
             for (index, value) in values.enumerated() {
-                if let found = value.firstFractionalNumber(path: "\(path)[\(index)]") { return found }
+                steps.append(.element(index))
+                if value.firstFractionalNumber(below: &steps) { return true }
+                steps.removeLast()
             }
-            return nil
-        default: return nil
+            return false
+        default: return false
         }
     }
 
@@ -316,10 +309,11 @@ public struct FieldReader {
 
     /// Parses `body` as one JSON object whose members must all be in `allowed`.
     ///
-    /// The body must be UTF-8 (RFC 8259 §8.1): Foundation's parser would
-    /// also take UTF-16 and UTF-32, which the repeated-name check below
-    /// cannot read. A member name given twice in one object is refused
-    /// (RFC 8259 §4 leaves it to the parser, which keeps the last value).
+    /// The body is read by ``JSONReader``, strictly: it must be UTF-8
+    /// (RFC 8259 §8.1), and a member name given twice in one object is
+    /// refused (RFC 8259 §4 leaves it to the parser; one that kept the last
+    /// value would sign it without a word). An integer is exact when it is
+    /// written without a fraction or exponent and lies in `Int64`.
     /// - Parameters:
     ///   - body: UTF-8 JSON bytes.
     ///   - allowed: the field names the request may carry.
@@ -357,52 +351,36 @@ public struct FieldReader {
     }
 
     private init(parsing body: [UInt8], allowed: Set<String>, exactNumbers: Bool) throws(APIError) {
-        let parsed: Any
-        let memberNames: Int
-        let fractionalNumbers: Bool
-        do throws(JSONText.Problem) {
-            (parsed, memberNames, fractionalNumbers) = try JSONText.parse(body)
+        if let problem = JSONText.notUTF8(body) {
+            throw APIError(.invalidJSON, "the request body is not UTF-8 (\(problem)); send one JSON object encoded as UTF-8 (RFC 8259 §8.1)")
+        }
+        let document: JSONReader.Document
+        do throws(JSONReader.Syntax) {
+            document = try JSONReader.read(body, exactNumbers: exactNumbers)
         } catch {
-            switch error {
-            case .notUTF8(let problem):
-                throw APIError(.invalidJSON, "the request body is not UTF-8 (\(problem)); send one JSON object encoded as UTF-8 (RFC 8259 §8.1)")
-            case .notJSON(let reason):
-                // RFC 8259 §6 sets no range, but Foundation's parser refuses
-                // a number no Double holds: name the member that has it.
-                if let number = Self.numberBeyondDouble(in: body) {
-                    // Whatever else is wrong with the body (not an object, an
-                    // unknown or repeated member, an inexact number) is said
-                    // as it would be without that number.
-                    _ = try FieldReader(json: number.zeroed, allowed: allowed, exactNumbers: exactNumbers)
-                    let place = number.path.isEmpty ? "the value" : number.path
-                    var error = APIError(.invalidField, "\(place) is \(number.text), beyond any number signerd reads (a JSON number must fit a 64-bit double, at most about 1.8e308 in size; "
-                                         + "a number that is signed must be an integer from -9223372036854775808 to 9223372036854775807)", field: number.path.isEmpty ? nil : number.path)
-                    error.numberSent = number.text
-                    throw error
-                }
-                throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259)\(reason.map { ": \($0)" } ?? ""); send one JSON object")
-            }
+            throw APIError(.invalidJSON, "the request body is not valid JSON (RFC 8259): \(error.reason); send one JSON object")
         }
-        // Unknown members are named before any problem inside a value, and a
-        // body that is no object before its numbers (`[9223372036854775808]`).
-        guard let object = parsed as? [String: Any] else {
-            let kind = (try? JSONValue(foundation: parsed, path: "", exact: false))?.kind ?? "not an object"
-            throw APIError(.invalidJSON, "the request body is \(kind); send one JSON object")
+        // In this order: a body that is no object, then unknown members,
+        // before any problem inside a value (`[9223372036854775808]` is
+        // "an array"); then a number that would change, a repeated member,
+        // and last a number beyond any Double (each the first in the text).
+        guard case .object(let members) = document.value else {
+            throw APIError(.invalidJSON, "the request body is \(document.value.kind); send one JSON object")
         }
-        try Self.refuseUnknown(Array(object.keys), path: "", allowed: allowed)
-        // Foundation's number types do not say how a number was written: the text does.
-        let spellings = NumberSpellings(fractional: fractionalNumbers ? Self.fractionalNumberLocations(in: body) : [])
-        let value = try JSONValue(foundation: parsed, path: "", exact: exactNumbers, spellings: spellings)
-        guard case .object(let members) = value else {
-            throw APIError(.invalidJSON, "the request body is \(value.kind); send one JSON object")
+        try Self.refuseUnknown(members.keys, path: "", allowed: allowed)
+        if let inexact = document.inexact {
+            throw JSONValue.inexact(inexact.text, path: inexact.path)
         }
-        // The parser merges a repeated name into one member, so the tree
-        // has fewer members than the text has names exactly when some
-        // object repeats one, however the names were escaped.
-        if value.memberCount != memberNames {
-            let member = Self.repeatedMember(in: body)
-            let place = member.map { $0.path == $0.name ? "" : " (\($0.path))" } ?? ""
-            throw APIError(.invalidJSON, "the member \(member.map { "\"\($0.name)\"" } ?? "name") appears more than once in one object\(place); send each field once (which value to sign would be ambiguous)", field: member?.path)
+        if let member = document.repeated {
+            let place = member.path == member.name ? "" : " (\(member.path))"
+            throw APIError(.invalidJSON, "the member \"\(member.name)\" appears more than once in one object\(place); send each field once (which value to sign would be ambiguous)", field: member.path)
+        }
+        if let number = document.beyondDouble {
+            let place = number.path.isEmpty ? "the value" : number.path
+            var error = APIError(.invalidField, "\(place) is \(number.text), beyond any number signerd reads (a JSON number must fit a 64-bit double, at most about 1.8e308 in size; "
+                                 + "a number that is signed must be an integer from -9223372036854775808 to 9223372036854775807)", field: number.path.isEmpty ? nil : number.path)
+            error.numberSent = number.text
+            throw error
         }
         self.init(checked: members, path: "")  // unknown members were refused above
         self.body = body
@@ -457,58 +435,6 @@ public struct FieldReader {
         return repeated
     }
 
-    /// The first number in `body` beyond what a `Double` holds (about
-    /// 1.8 × 10^308: `1e309`, an integer of 310 digits), and where it sits as the API names fields
-    /// (`timestamp`, `request.items[0].price`), when such numbers are the
-    /// only reason Foundation's parser refuses `body`: the text with each
-    /// of them written as `0` parses. Read only after the parser refused
-    /// the body, to name the field; nil for any other refusal.
-    /// - Returns: the number as sent (shortened past 200 characters), its
-    ///   path, and the body with those numbers written as `0`, for the
-    ///   checks that come before a value's (an unknown member, a body that
-    ///   is not an object).
-    static func numberBeyondDouble(in body: [UInt8]) -> (text: String, path: String, zeroed: [UInt8])? {
-        var position = ScanPosition()
-        var found: [Range<Int>] = []
-        var firstPath = ""
-        JSONText.scanMemberNames(in: body) { event, raw in
-            _ = position.follow(event, raw)
-            // Infinite, and a JSON number (RFC 8259 §6): a malformed one
-            // (`1e`, `01e999`, `.5e999`) is the parser's to refuse.
-            if case .number = event, JSONText.isNumber(raw), Double(String(decoding: raw, as: UTF8.self))?.isInfinite == true {
-                // Only the first one's path is named: building each would cost the nesting depth per number.
-                if found.isEmpty { firstPath = position.valuePath }
-                found.append(raw.startIndex..<raw.endIndex)
-            }
-            return true
-        }
-        guard let first = found.first else { return nil }
-        // One pass, not a replaceSubrange per number: a large body of such numbers stays linear.
-        var zeroed: [UInt8] = []
-        zeroed.reserveCapacity(body.count)
-        var next = 0
-        for number in found {
-            zeroed += body[next..<number.lowerBound]
-            zeroed.append(UInt8(ascii: "0"))
-            next = number.upperBound
-        }
-        zeroed += body[next...]
-        guard (try? JSONText.parse(zeroed, fragmentsAllowed: true)) != nil else { return nil }
-        return (JSONText.shortened(String(decoding: body[first], as: UTF8.self)), firstPath, zeroed)
-    }
-
-    /// Where the numbers written with a fraction or an exponent sit in `body`.
-    static func fractionalNumberLocations(in body: [UInt8]) -> Set<[JSONStep]> {
-        var position = ScanPosition()
-        var found: Set<[JSONStep]> = []
-        JSONText.scanMemberNames(in: body) { event, raw in
-            _ = position.follow(event, raw)
-            if case .number = event, JSONText.hasFractionOrExponent(raw) { found.insert(position.location) }
-            return true
-        }
-        return found
-    }
-
     /// A JSON string's content with its escapes decoded (by JSONSerialization).
     fileprivate static func decodedString(_ raw: ArraySlice<UInt8>) -> String {
         let literal = JSONText.escapingByteOrderMarks([UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")])
@@ -522,7 +448,7 @@ public struct FieldReader {
     ///   - allowed: the field names the object may carry.
     /// - Throws: `unknown_field` naming the first unknown member (sorted).
     public init(members: [String: JSONValue], path: String, allowed: Set<String>) throws(APIError) {
-        try Self.refuseUnknown(Array(members.keys), path: path, allowed: allowed)
+        try Self.refuseUnknown(members.keys, path: path, allowed: allowed)
         self.init(checked: members, path: path)
     }
 
@@ -539,7 +465,9 @@ public struct FieldReader {
     }
 
     /// `unknown_field` naming the first of `names` (sorted) not in `allowed`.
-    private static func refuseUnknown(_ names: [String], path: String, allowed: Set<String>) throws(APIError) {
+    private static func refuseUnknown(_ names: some Sequence<String>, path: String, allowed: Set<String>) throws(APIError) {
+        // Sorted only when one is unknown: the common request has none.
+        guard names.contains(where: { !allowed.contains($0) }) else { return }
         if let first = names.filter({ !allowed.contains($0) }).sorted().first {
             throw unknownField(first, path: path, fields: allowed.sorted())
         }
@@ -566,7 +494,7 @@ public struct FieldReader {
         guard case .array(let entries)? = members[name] else { return }
         for (index, entry) in entries.enumerated() {
             guard case .object(let entryMembers) = entry else { continue }
-            try Self.refuseUnknown(Array(entryMembers.keys), path: "\(path)\(name)[\(index)].", allowed: allowed)
+            try Self.refuseUnknown(entryMembers.keys, path: "\(path)\(name)[\(index)].", allowed: allowed)
         }
     }
 
@@ -684,35 +612,9 @@ public struct FieldReader {
 
 /// One step from a JSON value to one inside it: a member of an object (its
 /// name decoded) or an element of an array.
-enum JSONStep: Hashable {
+enum JSONStep {
     case member(String)
     case element(Int)
-}
-
-/// How the numbers of a JSON text are written, for
-/// ``JSONValue/init(foundation:path:exact:spellings:)``: where those with a
-/// fraction or an exponent sit, and where the value being converted sits.
-struct NumberSpellings {
-    /// The locations of the numbers written with a fraction or an exponent.
-    let fractional: Set<[JSONStep]>
-    /// The location of the value being converted (followed only when
-    /// `fractional` is not empty: otherwise every number is an integer).
-    private var location: [JSONStep] = []
-
-    init(fractional: Set<[JSONStep]>) {
-        self.fractional = fractional
-    }
-
-    /// The same, one step further in.
-    func entering(_ step: JSONStep) -> NumberSpellings {
-        guard !fractional.isEmpty else { return self }
-        var inner = self
-        inner.location.append(step)
-        return inner
-    }
-
-    /// Whether the number here is written with a fraction or an exponent.
-    var isFractionalHere: Bool { !fractional.isEmpty && fractional.contains(location) }
 }
 
 /// Where a walk of ``JSONText/scanMemberNames(in:_:)`` stands: one frame per
@@ -754,16 +656,6 @@ struct ScanPosition {
             return (name, fresh)
         }
         return nil
-    }
-
-    /// The location of the value being read.
-    var location: [JSONStep] {
-        frames.map { frame in
-            switch frame {
-            case .object(_, let current): .member(current ?? "")
-            case .array(let index): .element(index)
-            }
-        }
     }
 
     /// The path of member `name` of the innermost object as the API names

@@ -1,0 +1,220 @@
+import Foundation
+import HSMSigner
+@testable import SignerIPC
+import Testing
+
+/// signerd's own reader of request bodies (``JSONReader``), against
+/// Foundation's `JSONSerialization` where RFC 8259 leaves both nothing to
+/// choose, and on the texts RFC 8259 refuses.
+@Suite("JSON reader")
+struct JSONReaderTests {
+    /// A deterministic generator (SplitMix64), so that a failure names a
+    /// seed that reproduces it.
+    struct SplitMix: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+
+    /// Pieces of string content, each as JSON writes it: plain ASCII, every
+    /// short escape, `\u` escapes (a surrogate pair among them), raw
+    /// two-, three- and four-byte UTF-8, and U+2063.
+    static let stringPieces = [
+        "a", "Z", "09", " ", "offer_id", "\\\"", "\\\\", "\\/", "\\b", "\\f", "\\n", "\\r", "\\t",
+        "\\u0041", "\\u00e9", "\\u20AC", "\\ud83d\\ude00", "\\u0000", "é", "€", "😀", "\u{2063}", "\\u2063", "{", "]", ",", ":",
+    ]
+
+    static func string(_ random: inout SplitMix) -> String {
+        let count = Int.random(in: 0...6, using: &random)
+        return "\"" + (0..<count).map { _ in stringPieces.randomElement(using: &random)! }.joined() + "\""
+    }
+
+    static func space(_ random: inout SplitMix) -> String {
+        ["", "", " ", "\n", "\t ", "\r\n"].randomElement(using: &random)!
+    }
+
+    static func number(_ random: inout SplitMix) -> String {
+        switch Int.random(in: 0..<8, using: &random) {
+        case 0: return String(Int64.random(in: Int64.min...Int64.max, using: &random))
+        case 1: return ["9223372036854775807", "-9223372036854775808", "0", "-0"].randomElement(using: &random)!
+        case 2: return String(Int.random(in: -1000...1000, using: &random))
+        case 3: return "\(Int.random(in: -999...999, using: &random)).\(Int.random(in: 0...999, using: &random))"
+        case 4: return "\(Int.random(in: 1...9, using: &random))e\(Int.random(in: -20...20, using: &random))"
+        case 5: return "-\(Int.random(in: 0...9, using: &random)).\(Int.random(in: 1...99, using: &random))E+\(Int.random(in: 0...9, using: &random))"
+        case 6: return "0.\(Int.random(in: 0...99_999, using: &random))"
+        default: return String(UInt32.random(in: 0...UInt32.max, using: &random))
+        }
+    }
+
+    /// A random JSON text with no member name repeated in one object.
+    static func value(_ random: inout SplitMix, depth: Int) -> String {
+        let kind = depth >= 5 ? Int.random(in: 2..<6, using: &random) : Int.random(in: 0..<6, using: &random)
+        switch kind {
+        case 0:
+            var names = Set<String>()
+            let members = (0..<Int.random(in: 0...5, using: &random)).compactMap { _ -> String? in
+                let name = string(&random)
+                // Compared decoded, as the reader and Foundation compare them.
+                guard let decoded = try? JSONSerialization.jsonObject(with: Data(name.utf8), options: .fragmentsAllowed) as? String,
+                      names.insert(decoded).inserted else { return nil }
+                return space(&random) + name + space(&random) + ":" + space(&random) + value(&random, depth: depth + 1) + space(&random)
+            }
+            return "{" + members.joined(separator: ",") + "}"
+        case 1:
+            let elements = (0..<Int.random(in: 0...5, using: &random)).map { _ in space(&random) + value(&random, depth: depth + 1) + space(&random) }
+            return "[" + elements.joined(separator: ",") + "]"
+        case 2: return string(&random)
+        case 3: return number(&random)
+        case 4: return ["true", "false", "null"].randomElement(using: &random)!
+        default: return string(&random)
+        }
+    }
+
+    /// Foundation's tree as a ``JSONValue``. Its number types do not say
+    /// how a number was written, and it returns `NSDecimalNumber` for some
+    /// plain integers within `Int64` (`-5916305838422489264`); the
+    /// generated texts write every integer plainly and every other number
+    /// with a fraction or an exponent of a few digits, which it returns as a
+    /// `Double`.
+    static func oracle(_ value: Any) throws -> JSONValue {
+        switch value {
+        case let text as String: return .string(text)
+        case let object as [String: Any]: return .object(try object.mapValues(oracle))
+        case let array as [Any]: return .array(try array.map(oracle))
+        case let decimal as NSDecimalNumber:
+            return try .integer(#require(Int64(decimal.stringValue), "a decimal that is no Int64: \(decimal)"))
+        case let number as NSNumber:
+            switch String(cString: number.objCType) {
+            case "c", "B": return .bool(number.boolValue)
+            case "d", "f": return .number(number.doubleValue)
+            case "Q", "L", "I", "S": return .integer(try #require(Int64(exactly: number.uint64Value)))
+            default: return .integer(number.int64Value)
+            }
+        case is NSNull: return .null
+        default: throw APIError(.invalidJSON, "a value JSON does not have: \(value)")
+        }
+    }
+
+    @Test("reads what Foundation's parser reads, value for value, over 3,000 generated texts", arguments: [1, 2, 3] as [UInt64])
+    func agreesWithFoundation(seed: UInt64) throws {
+        var random = SplitMix(state: seed)
+        for round in 0..<1_000 {
+            let text = Self.space(&random) + Self.value(&random, depth: 0) + Self.space(&random)
+            let bytes = Array(text.utf8)
+            let foundation = try Self.oracle(JSONSerialization.jsonObject(with: Data(bytes), options: .fragmentsAllowed))
+            let document = try JSONReader.read(bytes, exactNumbers: true)
+            #expect(document.value == foundation, "seed \(seed), text \(round): \(text)")
+            #expect(document.inexact == nil && document.repeated == nil && document.beyondDouble == nil, "seed \(seed), text \(round): \(text)")
+        }
+    }
+
+    @Test("text RFC 8259 refuses is named with what was found and where", arguments: [
+        ("", "the text holds no JSON value"),
+        ("   \n", "the text holds no JSON value"),
+        (#"{"a":01}"#, "the number at byte 5 starts with 0 followed by more digits"),
+        (#"{"a":-}"#, "the number at byte 5 is malformed"),
+        (#"{"a":1.}"#, "the number at byte 5 is malformed"),
+        (#"{"a":.5}"#, "'.' at byte 5 where a value"),
+        (#"{"a":+1}"#, "'+' at byte 5 where a value"),
+        (#"{"a":1e}"#, "the number at byte 5 is malformed"),
+        (#"{"a":"\x"}"#, "'x' at byte 7 cannot follow a backslash"),
+        ("{\"a\":\"line\nbreak\"}", "the control character U+000A at byte 10 is inside a string"),
+        ("{\"a\":\"tab\there\"}", "the control character U+0009 at byte 9"),
+        (#"{"a":1} x"#, "'x' at byte 8 follows the JSON value"),
+        (#"{"a":1}{"b":2}"#, "'{' at byte 7 follows the JSON value"),
+        (#"{"a" 1}"#, "'1' at byte 5 where a colon after the member name was expected"),
+        (#"{"a":1 "b":2}"#, "'\"' at byte 7 where a comma or } after the member's value was expected"),
+        (#"[1 2]"#, "'2' at byte 3 where a comma or ] after the array's element was expected"),
+        (#"{'a':1}"#, "''' at byte 1 where a member name in double quotes was expected"),
+        (#"{a:1}"#, "'a' at byte 1 where a member name in double quotes was expected"),
+        (#"{"a":tru}"#, "'t' at byte 5 begins no JSON value"),
+        (#"{"a":True}"#, "'T' at byte 5 where a value"),
+        (#"{"a":nul"#, "'n' at byte 5 begins no JSON value"),
+        (#"{"a":NaN}"#, "'N' at byte 5 where a value"),
+        (#"{"a":Infinity}"#, "'I' at byte 5 where a value"),
+        (#"{"a":1}/* comment */"#, "'/' at byte 7 follows the JSON value"),
+        (#"{"a":"\u12"}"#, "the escape at byte 6 is not \\u followed by four hexadecimal digits"),
+        (#"{"a":"\uD83D\u0041"}"#, "the escape \\uD83D at byte 6 is half of a UTF-16 surrogate pair"),
+        (#"{"a":[1,]}"#, "a comma directly before } or ] (a trailing comma)"),
+        (#"{"a":1,}"#, "a comma directly before } or ] (a trailing comma)"),
+        (#"{"a":1,,"b":2}"#, "',' at byte 7 where a member name in double quotes was expected"),
+        (#"[,1]"#, "',' at byte 1 where a value"),
+        (#"{"a":"x"#, "the text ends inside the string that starts at byte 5"),
+        (#"{"a":"x\"#, "the text ends inside the string that starts at byte 5"),
+        (#"{"a":"#, "the text ends where a value was expected"),
+        (#"{"a""#, "the text ends where a colon after the member name was expected"),
+        (#"{"a":1"#, "the text ends where a comma or } after the member's value was expected"),
+        (#"[1"#, "the text ends where a comma or ] after the array's element was expected"),
+        ("{\"a\":\u{00A0}1}", "a byte 0xC2 at byte 5 where a value"),
+    ])
+    func refused(text: String, reason: String) {
+        let error = #expect(throws: JSONReader.Syntax.self, "\(text)") { _ = try JSONReader.read(Array(text.utf8), exactNumbers: true) }
+        #expect(error?.reason.contains(reason) == true, "\(text): \(error?.reason ?? "accepted")")
+        // Through the request reader: invalid_json, the same reason.
+        let api = #expect(throws: APIError.self) { _ = try FieldReader(json: Array(text.utf8), allowed: ["a", "b"]) }
+        #expect(api?.code == .invalidJSON)
+        #expect(api?.message == "the request body is not valid JSON (RFC 8259): \(error?.reason ?? ""); send one JSON object")
+    }
+
+    @Test("how a number is written decides what it is: Int64 exactly, otherwise the nearest Double, and what neither holds is recorded with its path")
+    func numbers() throws {
+        func read(_ text: String, exact: Bool = true) throws -> JSONReader.Document { try JSONReader.read(Array(text.utf8), exactNumbers: exact) }
+        #expect(try read("-0").value == .integer(0))
+        #expect(try read("-9223372036854775808").value == .integer(Int64.min))
+        #expect(try read("9223372036854775807").value == .integer(Int64.max))
+        #expect(try read("1.0").value == .number(1))
+        #expect(try read("1e2").value == .number(100))
+        #expect(try read("-0.0").value == .number(-0.0))
+        #expect(try read("1e-400").value == .number(0))
+        #expect(try read("9007199254740993e0").value == .number(9_007_199_254_740_992))
+        let inexact = try read(#"{"a":[1,{"b":9223372036854775808}]}"#)
+        #expect(inexact.inexact?.text == "9223372036854775808" && inexact.inexact?.path == "a[1].b")
+        #expect(inexact.value == .object(["a": .array([.integer(1), .object(["b": .integer(0)])])]))
+        let long = try read("{\"a\":-" + String(repeating: "9", count: 60) + "}")
+        #expect(long.inexact?.text == "an integer of 60 digits")
+        // Read inexactly (a request none of whose numbers is signed): the nearest Double.
+        #expect(try read("18446744073709551616", exact: false).value == .number(18_446_744_073_709_551_616))
+        #expect(try read("18446744073709551616", exact: false).inexact == nil)
+        let beyond = try read(#"{"x":{"y":[0,-1E400]},"z":1e999}"#)
+        #expect(beyond.beyondDouble?.text == "-1E400" && beyond.beyondDouble?.path == "x.y[1]")
+        #expect(try read(String(repeating: "1", count: 400)).beyondDouble?.text == String(repeating: "1", count: 200) + "… (200 more characters)")
+    }
+
+    @Test("member names are compared decoded: a repeat through an escape is found, with its path; strings keep every character")
+    func namesAndStrings() throws {
+        let repeated = try JSONReader.read(Array(#"{"o":[{"k":1},{"k":1,"\u006b":2}]}"#.utf8), exactNumbers: true)
+        #expect(repeated.repeated?.name == "k" && repeated.repeated?.path == "o[1].k")
+        let first = try JSONReader.read(Array(#"{"a":1,"a":2,"b":{"c":1,"c":2}}"#.utf8), exactNumbers: true)
+        #expect(first.repeated?.name == "a" && first.repeated?.path == "a")
+        let text = try JSONReader.read(Array("\"\u{FEFF}x\\u0000\\ud83d\\ude00\u{2063}\"".utf8), exactNumbers: true)
+        #expect(text.value == .string("\u{FEFF}x\u{0000}😀\u{2063}"))
+    }
+
+    /// A fuzzing round found a body shape whose check grew faster than its
+    /// size: many numbers under objects nested 30 deep behind long member
+    /// names, for each of which a path of every step was hashed twice. The
+    /// reader records a path only for the first problem it finds; this
+    /// checks the answers for such bodies, and docs/BENCHMARKS.md has the
+    /// timings (speed is not asserted in unit tests).
+    @Test("deeply nested bodies with long names and many numbers get the answer their first problem calls for")
+    func hostileShape() throws {
+        let name = String(repeating: "n", count: 1_000)
+        func body(_ leaf: String) -> [UInt8] {
+            Array(("{\"request\":" + String(repeating: "{\"\(name)\":", count: 29) + leaf + String(repeating: "}", count: 29) + "}").utf8)
+        }
+        let numbers = "[" + Array(repeating: "1", count: 9_000).joined(separator: ",") + ",2.5]"
+        var reader = try FieldReader(json: body(numbers), allowed: ["request"])
+        _ = try reader.object("request")
+        let fraction = #expect(throws: APIError.self) { try AdvancedCommerceSigningRequest(body: body(numbers).replacing(Array("\"request\"".utf8), with: Array("\"bundle_id\":\"a\",\"request\"".utf8))) }
+        #expect(fraction?.code == .invalidField)
+        #expect(fraction?.field == "request" + String(repeating: ".\(name)", count: 29) + "[9000]")
+        let beyond = #expect(throws: APIError.self) { try FieldReader(json: body("[" + Array(repeating: "1e999", count: 9_000).joined(separator: ",") + "]"), allowed: ["request"]) }
+        #expect(beyond?.code == .invalidField)
+        #expect(beyond?.field == "request" + String(repeating: ".\(name)", count: 29) + "[0]")
+    }
+}
