@@ -139,25 +139,34 @@ public enum AppleFields {
         }
     }
 
-    /// A fresh random UUID v4 (RFC 4122 §4.4), lowercase.
+    /// A fresh random UUID v4 (RFC 4122 §4.4), lowercase: 122 random bits
+    /// from OpenSSL's DRBG (through ``BufferedRandom``: a nonce is public
+    /// once signed).
     public static func randomUUID() -> String {
-        var bytes = SecureRandom.bytes(16)
-        bytes[6] = (bytes[6] & 0x0f) | 0x40
-        bytes[8] = (bytes[8] & 0x3f) | 0x80
-        let digits = Array("0123456789abcdef".utf8)
-        return String(unsafeUninitializedCapacity: 36) { out in
-            var position = 0
-            for (index, byte) in bytes.enumerated() {
-                if index == 4 || index == 6 || index == 8 || index == 10 {
-                    out[position] = UInt8(ascii: "-")
-                    position += 1
+        var bytes: (UInt64, UInt64) = (0, 0)
+        return withUnsafeMutableBytes(of: &bytes) { raw in
+            BufferedRandom.fill(raw)
+            raw[6] = (raw[6] & 0x0f) | 0x40
+            raw[8] = (raw[8] & 0x3f) | 0x80
+            return String(unsafeUninitializedCapacity: 36) { out in
+                var position = 0
+                for index in 0..<16 {
+                    if index == 4 || index == 6 || index == 8 || index == 10 {
+                        out[position] = UInt8(ascii: "-")
+                        position += 1
+                    }
+                    out[position] = hexDigit(raw[index] >> 4)
+                    out[position + 1] = hexDigit(raw[index] & 0x0f)
+                    position += 2
                 }
-                out[position] = digits[Int(byte >> 4)]
-                out[position + 1] = digits[Int(byte & 0x0f)]
-                position += 2
+                return position
             }
-            return position
         }
+    }
+
+    /// The lowercase hexadecimal digit for `value` (0–15).
+    private static func hexDigit(_ value: UInt8) -> UInt8 {
+        value < 10 ? UInt8(ascii: "0") + value : UInt8(ascii: "a") + value - 10
     }
 
     /// How far back a promotional offer timestamp may lie: 24 h, in milliseconds.
@@ -263,6 +272,26 @@ public struct PromotionalOfferPayload: Sendable, Hashable {
             throw .invalid("timestamp", "timestamp must be a positive UNIX time in milliseconds")
         }
         self.timestamp = timestamp
+    }
+
+    /// The same checked values, signed by `keyID` instead: only the key ID
+    /// is checked again (the signer chooses the key after the fields are
+    /// checked, so that a bad value is refused whatever the key).
+    /// - Parameter keyID: 10 characters `A-Z0-9`.
+    /// - Throws: ``FieldError`` `invalid_field` (`key_id`).
+    public func signed(by keyID: String) throws(FieldError) -> PromotionalOfferPayload {
+        try AppleFields.checkKeyID(keyID)
+        return PromotionalOfferPayload(checked: self, keyID: keyID)
+    }
+
+    private init(checked: PromotionalOfferPayload, keyID: String) {
+        bundleID = checked.bundleID
+        self.keyID = keyID
+        productID = checked.productID
+        offerID = checked.offerID
+        appAccountToken = checked.appAccountToken
+        nonce = checked.nonce
+        timestamp = checked.timestamp
     }
 
     /// The bytes Apple verifies: `bundle_id ⁣ key_id ⁣ product_id ⁣ offer_id ⁣

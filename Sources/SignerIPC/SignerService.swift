@@ -695,8 +695,7 @@ public final class SignerService: HTTPHandler, Sendable {
     private func signClassic(_ checked: PromotionalOfferPayload, keyID: String, _ config: SignerConfiguration) throws(APIError) -> PromotionalOfferResponse {
         let payload: PromotionalOfferPayload
         do {
-            payload = try PromotionalOfferPayload(bundleID: checked.bundleID, keyID: keyID, productID: checked.productID, offerID: checked.offerID,
-                                                  appAccountToken: checked.appAccountToken, nonce: checked.nonce, timestamp: checked.timestamp)
+            payload = try checked.signed(by: keyID)
         } catch {
             throw APIError(error)
         }

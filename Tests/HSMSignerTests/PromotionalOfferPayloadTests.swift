@@ -1,3 +1,4 @@
+import Dispatch
 import HSMSigner
 import TestSupport
 import Testing
@@ -118,6 +119,27 @@ struct PromotionalOfferPayloadTests {
             seen.insert(uuid)
         }
         #expect(seen.count == 1000)
+    }
+
+    /// Nonces come from a pool of random bytes refilled 4 KiB at a time
+    /// (``BufferedRandom``): threads taking from it at once must never get
+    /// the same bytes.
+    @Test("nonces made on 8 threads at once, across many pool refills, are all distinct")
+    func randomUUIDsFromThreads() {
+        let perThread = 2_000
+        let made = Locked<[String]>([])
+        DispatchQueue.concurrentPerform(iterations: 8) { _ in
+            let mine = (0..<perThread).map { _ in AppleFields.randomUUID() }
+            made.withLock { $0 += mine }
+        }
+        let all = made.withLock { $0 }
+        #expect(all.count == 8 * perThread)
+        #expect(Set(all).count == all.count)
+        // Each hexadecimal digit of the random part appears about equally often (a stuck pool would not).
+        var counts = [UInt8: Int]()
+        for uuid in all { for byte in uuid.utf8.prefix(8) { counts[byte, default: 0] += 1 } }
+        #expect(counts.count == 16)
+        #expect(counts.values.allSatisfy { (6_000...10_000).contains($0) }, "\(counts)")
     }
 
     @Test("a UUID in any case comes back lowercase; a lowercase one unchanged; anything else is refused naming the field")
