@@ -238,7 +238,7 @@ extension HSMToken {
     ///     other key IDs (``KeyImportResult/duplicateOf`` names them).
     /// - Returns: what was imported.
     /// - Throws: ``HSMError/Code/keyIDConflict`` when a key object of
-    ///   another type carries the key ID as `CKA_ID`, or any key object
+    ///   another type or class (a secret key) carries the key ID as `CKA_ID`, or any key object
     ///   carries it as `CKA_LABEL` under another `CKA_ID` (with or without `replace`),
     ///   ``HSMError/Code/keyExists`` (without `replace`),
     ///   ``HSMError/Code/keyDuplicate`` naming the other key IDs (without
@@ -511,12 +511,14 @@ extension HSMToken {
     /// The key objects that carry `keyID`, split: the EC private and public
     /// key objects whose `CKA_ID` is the key ID (what signerd signs with, an
     /// import replaces and a delete removes), and descriptions (`an RSA
-    /// public key object`, `an EC private key object labelled ABC123DEFG
-    /// with CKA_ID 0x01`) of the others: key objects of another type with
-    /// that `CKA_ID`, and key objects of any type whose `CKA_LABEL` is the key
-    /// ID but whose `CKA_ID` is not (another application's key, or one made
-    /// without an ID). signctl neither replaces nor deletes those. Objects
-    /// that are not keys (data objects, certificates) are not looked at.
+    /// public key object`, `an AES secret key object`, `an EC private key
+    /// object labelled ABC123DEFG with CKA_ID 0x01`) of the others: private,
+    /// public and secret key objects of another type with that `CKA_ID`
+    /// (a secret key, `CKO_SECRET_KEY`, is never signerd's), and key objects
+    /// of any class and type whose `CKA_LABEL` is the key ID but whose
+    /// `CKA_ID` is not (another application's key, or one made without an
+    /// ID). signctl neither replaces nor deletes those. Objects that are not
+    /// keys (data objects, certificates) are not looked at.
     ///
     /// The corresponding PKCS#11 functions are `C_FindObjects` and
     /// `C_GetAttributeValue` (`CKA_KEY_TYPE`, `CKA_ID`).
@@ -524,11 +526,11 @@ extension HSMToken {
         let idBytes = Array(keyID.utf8)
         var ec: [UInt] = []
         var other: [String] = []
-        for (objectClass, kind) in [(P11.privateKeyClass, "private"), (P11.publicKeyClass, "public")] {
+        for (objectClass, kind) in [(P11.privateKeyClass, "private"), (P11.publicKeyClass, "public"), (P11.secretKeyClass, "secret")] {
             let byID = try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.id, idBytes)])
             for handle in byID {
                 let type = try keyType(session, handle, keyID: keyID)
-                if type == P11.ecKeyType {
+                if type == P11.ecKeyType && objectClass != P11.secretKeyClass {
                     ec.append(handle)
                 } else {
                     other.append("\(P11.keyTypeName(type)) \(kind) key object")
