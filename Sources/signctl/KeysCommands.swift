@@ -35,7 +35,7 @@ func hint(for error: HSMError) -> String? {
         return "signctl does not spend the last try: check that the PIN file holds the right PIN (the token's counter resets at the next right login), then run the command again with --final-try"
     }
     return switch error.code {
-    case .keyIDConflict: "list the token's objects with: p11tool --list-all (gnutls-bin) or pkcs11-tool --list-objects (opensc)"
+    case .keyIDConflict: namesakeListingHint
     case .pinNotStored: "for SoftHSM, free space where directories.tokendir of its softhsm2.conf points (df, and ulimit -f) before you change the PIN again; do not put the new PIN in the PIN files"
     case .keyNotStored: "free space where the token stores its objects (for SoftHSM: df on directories.tokendir of its softhsm2.conf, and ulimit -f), then import the same file again with --replace; signctl keys list shows what is left, and signctl keys delete --incomplete --yes removes incomplete objects"
     case .keyExists: "pass --replace to replace the key on the token"
@@ -50,6 +50,27 @@ func hint(for error: HSMError) -> String? {
     case .pkcs11Failure: pkcs11FailureHint(function: error.function)
     default: nil
     }
+}
+
+/// How to find a key object signctl did not make and leaves alone (a
+/// namesake of a key ID), so that the tool that made it can remove or
+/// relabel it.
+let namesakeListingHint = "list the token's objects with: p11tool --list-all (gnutls-bin) or pkcs11-tool --list-objects (opensc)"
+
+/// The note signctl writes on stderr about key objects that carry a key ID
+/// and that it leaves alone (``HSMToken/keyNamesakes(keyID:)``,
+/// ``HSMToken/labelOnlyKeyObjects()``): `note: <lead>: <descriptions>,
+/// which signctl did not make; <they stop keys import …>`, then a hint
+/// line saying how to remove them with the tool that made them.
+/// - Parameters:
+///   - lead: what the note is about (`left alone on token signer`).
+///   - objects: the objects' descriptions.
+///   - keyIDs: the key IDs whose import they stop.
+func namesakeNote(_ lead: String, _ objects: [String], blocking keyIDs: [String]) -> String {
+    let (it, stops) = objects.count == 1 ? ("it", "it stops") : ("them", "they stop")
+    return "note: \(lead): \(objects.joined(separator: "; ")), which signctl did not make; "
+        + "signerd never signs with \(it) (it signs with the EC key whose CKA_ID is the key ID), and \(stops) keys import of \(keyIDs.joined(separator: ", ")) (key_id_conflict)\n"
+        + "hint: signctl leaves \(it) alone (keys delete, with or without --incomplete, too): remove or relabel \(it) with the tool that made \(it); \(namesakeListingHint)\n"
 }
 
 /// What to check when the module itself failed. Before a token is found
@@ -462,6 +483,12 @@ func keysList(_ words: [String], configPath: String) throws -> ExitCode {
             FileHandle.standardError.write(Data("warning: key_invalid: \(error.message)\n".utf8))
         }
     }
+    let labelOnly = try token.labelOnlyKeyObjects()
+    if !labelOnly.isEmpty {
+        // On stderr, as the incomplete objects below: --json stays a list of keys.
+        FileHandle.standardError.write(Data(namesakeNote("token \(token.label) holds key objects with no CKA_ID labelled with a key ID", labelOnly.map(\.description),
+                                                         blocking: Array(Set(labelOnly.map(\.label))).sorted()).utf8))
+    }
     let incomplete = try token.incompleteKeyObjectCount()
     if incomplete > 0 {
         // On stderr, so that --json stays a list of keys.
@@ -546,6 +573,13 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         let removed = try ProcessControl.holdingTerminationSignals { try token.deleteIncompleteKeyObjects() }
         print(removed == 0 ? "no incomplete key objects on token \(token.label)"
                            : "deleted \(removed) incomplete key \(removed == 1 ? "object" : "objects") from token \(token.label)")
+        // Objects with no CKA_ID but a key ID for a label are not incomplete:
+        // say that they stay, since they stop an import of that key ID.
+        let labelOnly = try token.labelOnlyKeyObjects()
+        if !labelOnly.isEmpty {
+            FileHandle.standardError.write(Data(namesakeNote("left alone on token \(token.label), not incomplete (a label, no CKA_ID)", labelOnly.map(\.description),
+                                                             blocking: Array(Set(labelOnly.map(\.label))).sorted()).utf8))
+        }
         return .success
     }
     let keyID = try keyIDArgument(arguments)
@@ -556,6 +590,11 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     let token = try openTokenForWriting(configuration, configPath: configPath)
     defer { token.close() }
     let removed = try ProcessControl.holdingTerminationSignals { try token.deleteKey(keyID: keyID) }
+    // What carries the key ID and was not deleted stops its next import.
+    let namesakes = try token.keyNamesakes(keyID: keyID)
+    if !namesakes.isEmpty {
+        FileHandle.standardError.write(Data(namesakeNote("left alone on token \(token.label)", namesakes, blocking: [keyID]).utf8))
+    }
     if configuration.keys.contains(where: { $0.keyID == keyID }) {
         // A signerd that still has it configured takes its disappearance for
         // the token's storage going away: every key answers 503 for about a

@@ -528,6 +528,75 @@ struct SignctlLabelNamesakeTests {
     }
 }
 
+@Suite("signctl keys: a key object labelled with a key ID that has no CKA_ID")
+struct SignctlLabelOnlyTests {
+    /// pkcs11-tool --write-object (or --keypairgen) without --id: an EC key
+    /// labelled NOIDKEY001 with an empty CKA_ID stopped keys import
+    /// NOIDKEY001, yet keys delete and delete --incomplete left it without
+    /// a word, and keys list did not show a public one at all: the
+    /// operator had nothing telling them what blocks the key ID.
+    @Test("keys list names it on stderr; import is key_id_conflict naming it; delete and delete --incomplete leave it and say so; it is never destroyed")
+    func labelOnly() throws {
+        let (token, config) = try tokenConfig("label-only")
+        let files = try TestKeyFiles.make()
+        let theirs = try ECPrivateKeyMaterial(contentsOf: try TestKeyFiles.make().pkcs8Apple)
+        let hsm = try inProcessToken(token)
+        defer { hsm.close() }
+        // As another tool makes them: a label, no CKA_ID at all.
+        func addWithoutID(_ label: String, privateKey: Bool) throws {
+            try hsm.withReadWriteSession { (session) throws(HSMError) in
+                let common = [Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.token, bool: true),
+                              Attribute(P11.label, Array(label.utf8)), Attribute(P11.ecParams, ECCurve.p256.parametersDER)]
+                let template = privateKey
+                    ? [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.private, bool: true), Attribute(P11.sign, bool: true), Attribute(P11.value, secret: theirs.scalar)]
+                    : [Attribute(P11.classAttribute, ulong: P11.publicKeyClass), Attribute(P11.ecPoint, HSMToken.wrappedECPoint(theirs.publicKey.uncompressedPoint))]
+                #expect(hsm.functions.createObject(session, template: template + common).0 == .ok)
+            }
+        }
+        func labelled(_ label: String) throws -> Int {
+            try hsm.withSession { (session) throws(HSMError) -> Int in try hsm.find(session, [Attribute(P11.label, Array(label.utf8))]).count }
+        }
+        try addWithoutID("NOIDKEY001", privateKey: true)
+        try addWithoutID("NOIDKEY002", privateKey: false)
+        let privateOne = "an EC private key object labelled NOIDKEY001 with no CKA_ID"
+        let publicOne = "an EC public key object labelled NOIDKEY002 with no CKA_ID"
+
+        let list = runSignctl(["--config", config, "keys", "list", "--json"])
+        #expect(list.status == 0, "\(list.stderr)")
+        #expect(list.stderr.contains("note: token \(token.label) holds key objects with no CKA_ID labelled with a key ID: \(privateOne); \(publicOne), which signctl did not make"), "\(list.stderr)")
+        #expect(list.stderr.contains("they stop keys import of NOIDKEY001, NOIDKEY002 (key_id_conflict)"), "\(list.stderr)")
+        #expect(list.stderr.contains("\nhint: signctl leaves them alone") && list.stderr.contains("pkcs11-tool --list-objects"), "\(list.stderr)")
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(list.stdout.utf8)) as? [[String: Any]], "--json stays a list: \(list.stdout)")
+        // An empty CKA_ID pairs the private key with no public key object (NOIDKEY002's has no ID either).
+        #expect(entries.count == 1 && entries.first?["label"] as? String == "NOIDKEY001" && entries.first?["public_key_object"] as? Bool == false, "\(entries)")
+
+        for replace in [[], ["--replace"]] {
+            let imported = runSignctl(["--config", config, "keys", "import", "--key-id", "NOIDKEY001", "--allow-duplicate-key"] + replace + [files.sec1])
+            #expect(imported.status == 65 && imported.stderr.hasPrefix("error: key_id_conflict: key ID NOIDKEY001 is already carried by \(privateOne)"), "\(replace): \(imported.stderr)")
+        }
+        let notFound = runSignctl(["--config", config, "keys", "delete", "NOIDKEY001", "--yes"])
+        #expect(notFound.status == 65 && notFound.stderr.contains("error: key_not_found: ") && notFound.stderr.contains("signctl leaves alone \(privateOne)"), "\(notFound.stderr)")
+
+        let incomplete = runSignctl(["--config", config, "keys", "delete", "--incomplete", "--yes"])
+        #expect(incomplete.status == 0 && incomplete.stdout.contains("no incomplete key objects"), "\(incomplete.stdout) \(incomplete.stderr)")
+        #expect(incomplete.stderr.hasPrefix("note: left alone on token \(token.label), not incomplete (a label, no CKA_ID): \(privateOne); \(publicOne)"), "\(incomplete.stderr)")
+
+        // signctl's own key under the ID first, a namesake without an ID added afterwards: delete takes signctl's objects and says what stays.
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "NOIDKEY003", files.sec1]).status == 0)
+        try addWithoutID("NOIDKEY003", privateKey: true)
+        let deleted = runSignctl(["--config", config, "keys", "delete", "NOIDKEY003", "--yes"])
+        #expect(deleted.status == 0 && deleted.stdout.contains("deleted NOIDKEY003 from token \(token.label) (2 objects)"), "\(deleted.stdout) \(deleted.stderr)")
+        #expect(deleted.stderr.hasPrefix("note: left alone on token \(token.label): an EC private key object labelled NOIDKEY003 with no CKA_ID, which signctl did not make"), "\(deleted.stderr)")
+        #expect(deleted.stderr.contains("it stops keys import of NOIDKEY003 (key_id_conflict)"), "\(deleted.stderr)")
+
+        #expect(try labelled("NOIDKEY001") == 1 && labelled("NOIDKEY002") == 1 && labelled("NOIDKEY003") == 1, "a namesake was destroyed")
+        // A complete key, not a namesake: no note.
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "NOIDKEY004", files.sec1]).status == 0)
+        let plain = runSignctl(["--config", config, "keys", "delete", "NOIDKEY004", "--yes"])
+        #expect(plain.status == 0 && !plain.stderr.contains("note:"), "\(plain.stderr)")
+    }
+}
+
 @Suite("signctl keys list: a replacement that stopped half-way")
 struct SignctlHalfReplacedTests {
     /// The old and the new objects both under one key ID: signerd answered
