@@ -560,7 +560,7 @@ func exportablePublicKey(_ token: HSMToken, keyID: String) throws -> ECPublicKey
 func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: [], flags: ["yes", "incomplete"])
     if arguments.flag("help") {
-        print("usage: signctl keys delete KEY_ID --yes\n       signctl keys delete --incomplete --yes\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.\nWith --incomplete: removes the EC key objects that carry no key ID, label or curve, left by a write\nthat stopped half-way (keys list counts them); no other object is touched.")
+        print("usage: signctl keys delete KEY_ID --yes\n       signctl keys delete --incomplete --yes\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.\nWarns key_still_configured when the running signerd (GET /v1/keys on socket_path) still has KEY_ID in keys[];\nwhen no signerd answers there, when keys[] of the configuration file has it (and says so).\nWith --incomplete: removes the EC key objects that carry no key ID, label or curve, left by a write\nthat stopped half-way (keys list counts them); no other object is touched.")
         return .success
     }
     if arguments.flag("incomplete") {
@@ -587,6 +587,9 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         throw UsageError("deleting \(keyID) cannot be undone", hint: "add --yes to confirm")
     }
     let configuration = try loadConfiguration(configPath)
+    // The running daemon's keys[] decides, not signctl's own file; asked
+    // before the token is locked and changed.
+    let served = configuredKeysOfDaemon(socketPath: configuration.socketPath)
     let token = try openTokenForWriting(configuration, configPath: configPath)
     defer { token.close() }
     let removed = try ProcessControl.holdingTerminationSignals { try token.deleteKey(keyID: keyID) }
@@ -595,12 +598,26 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     if !namesakes.isEmpty {
         FileHandle.standardError.write(Data(namesakeNote("left alone on token \(token.label)", namesakes, blocking: [keyID]).utf8))
     }
-    if configuration.keys.contains(where: { $0.keyID == keyID }) {
-        // A signerd that still has it configured takes its disappearance for
-        // the token's storage going away: every key answers 503 for about a
-        // second while the module is reinitialized (OPERATIONS.md, "Retiring a key").
-        FileHandle.standardError.write(Data(("warning: key_still_configured: \(keyID) is in keys[] of \(configPath); a signerd running with it marks the token down for about a second "
-            + "(every key answers 503) before it takes \(keyID) as deleted; remove it from keys[] of signerd's configuration and reload signerd before deleting a key\n").utf8))
+    // A signerd that still has it configured takes its disappearance for
+    // the token's storage going away: every key answers 503 for about a
+    // second while the module is reinitialized (OPERATIONS.md, "Retiring a key").
+    let outage = "marks the token down for about a second (every key answers 503) before it takes \(keyID) as deleted; "
+        + "remove it from keys[] of signerd's configuration and reload signerd before deleting a key"
+    switch served {
+    case .answered(let keys):
+        // A key signerd serves from another token is not the one deleted here.
+        if keys.contains(where: { $0.keyID == keyID && $0.tokenLabel == token.label }) {
+            FileHandle.standardError.write(Data("warning: key_still_configured: \(keyID) is in keys[] of the running signerd (GET /v1/keys on \(configuration.socketPath)); it \(outage)\n".utf8))
+        }
+    case .unanswered(let reason, let notRunning):
+        if configuration.keys.contains(where: { $0.keyID == keyID }) {
+            FileHandle.standardError.write(Data(("warning: key_still_configured: \(keyID) is in keys[] of \(configPath), signctl's configuration, read because signerd did not answer "
+                + "GET /v1/keys on \(configuration.socketPath) (\(reason)); a signerd running with it \(outage)\n").utf8))
+        } else if !notRunning {
+            // Something listens there that could not say: the file is all signctl has, and it may be out of date.
+            FileHandle.standardError.write(Data(("note: could not ask signerd on \(configuration.socketPath) which keys it serves (\(reason)); keys[] of \(configPath) does not list \(keyID), "
+                + "but the running signerd's configuration may, and then it \(outage)\n").utf8))
+        }
     }
     print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")
     return .success

@@ -597,6 +597,41 @@ struct SignctlLabelOnlyTests {
     }
 }
 
+@Suite("signctl keys delete: key_still_configured follows the running signerd")
+struct SignctlStillConfiguredTests {
+    /// The warning read keys[] of signctl's own signctl.json, not the
+    /// daemon's configuration: a stale file warned about a key signerd did
+    /// not serve and said nothing about one it did.
+    @Test("with signerd answering, its GET /v1/keys decides (no false alarm, no miss); with none answering, signctl's file does and the warning says so")
+    func followsTheDaemon() throws {
+        let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "XYZ987WVUT", "STALEONLY1", "STALEONLY2"])
+        try daemon.writeConfig(keys: ["ABC123DEFG", "XYZ987WVUT"])
+        try daemon.start()
+        defer { daemon.stop() }
+        // signctl's own file, out of date: the same token and socket, other keys.
+        let stale = daemon.directory + "/signctl.json"
+        try JSONSerialization.data(withJSONObject: [
+            "token_uri": daemon.tokenURI, "socket_path": daemon.socketPath,
+            "keys": ["STALEONLY1", "STALEONLY2"].map { ["key_id": $0, "bundle_ids": ["com.example.app"]] },
+        ], options: [.withoutEscapingSlashes]).write(to: URL(fileURLWithPath: stale))
+        func delete(_ keyID: String) -> (status: Int32, stdout: String, stderr: String) {
+            runProgram(Binaries.signctl, ["--config", stale, "keys", "delete", keyID, "--yes"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        }
+        let notServed = delete("STALEONLY1")
+        #expect(notServed.status == 0, "\(notServed.stderr)")
+        #expect(!notServed.stderr.contains("key_still_configured"), "signerd does not serve STALEONLY1: \(notServed.stderr)")
+        let served = delete("XYZ987WVUT")
+        #expect(served.status == 0, "\(served.stderr)")
+        #expect(served.stderr.contains("warning: key_still_configured: XYZ987WVUT is in keys[] of the running signerd (GET /v1/keys on \(daemon.socketPath)); it marks the token down"),
+                "\(served.stderr)")
+        #expect(daemon.stop() == 0)
+        let unanswered = delete("STALEONLY2")
+        #expect(unanswered.status == 0, "\(unanswered.stderr)")
+        #expect(unanswered.stderr.hasPrefix("warning: key_still_configured: STALEONLY2 is in keys[] of \(stale), signctl's configuration, read because signerd did not answer GET /v1/keys on \(daemon.socketPath) ("),
+                "\(unanswered.stderr)")
+    }
+}
+
 @Suite("signctl keys list: a replacement that stopped half-way")
 struct SignctlHalfReplacedTests {
     /// The old and the new objects both under one key ID: signerd answered
