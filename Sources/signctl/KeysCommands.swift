@@ -413,7 +413,7 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     let material = try ECPrivateKeyMaterial(contentsOf: path)
     if material.hasOtherText {
         // OpenSSL skips what surrounds the key: a file put together by hand may not be the one meant.
-        FileHandle.standardError.write(Data("warning: \(path) holds more than the private key (a certificate, a public key, or other text before or after it); only the private key is read: check that it is the key App Store Connect lists under key ID \(keyID)\n".utf8))
+        FileHandle.standardError.write(Data("warning: \(path) holds more than the private key (a certificate, a public key, or other text before it); only the private key is read: check that it is the key App Store Connect lists under key ID \(keyID)\n".utf8))
     }
     let token = try openTokenForWriting(loadConfiguration(configPath), configPath: configPath)
     defer { token.close() }

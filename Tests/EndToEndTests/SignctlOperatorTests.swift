@@ -373,19 +373,43 @@ struct SignctlCosmeticsTests {
         #expect(throws: HSMError.self, "the key was imported") { try hsm.publicKey(keyID: "INTR000001") }
     }
 
-    /// A key file with a certificate or other text around the key imported without a word.
-    @Test("keys import of a file with text around the key imports it and warns on stderr; a plain file gets no warning")
+    /// A key file with a certificate or other text before the key imported without a word.
+    @Test("keys import of a file with text before the key imports it and warns on stderr; a plain file gets no warning")
     func importWarnsOfOtherText() throws {
         let (_, config) = try tokenConfig("other-text")
         let files = try TestKeyFiles.make()
         let mixed = TemporaryDirectory.make(prefix: "signerd-ops") + "/AuthKey_OTHERTEXT1.p8"
-        try writeSecretFile(mixed, try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8) + files.publicKeyPEM)
+        try writeSecretFile(mixed, files.publicKeyPEM + (try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8)))
         let warned = runSignctl(["--config", config, "keys", "import", mixed])
         #expect(warned.status == 0, "\(warned.stderr)")
         #expect(warned.stderr.hasPrefix("warning: \(mixed) holds more than the private key"), "\(warned.stderr)")
         #expect(warned.stderr.contains("key ID OTHERTEXT1"), "\(warned.stderr)")
         let plain = runSignctl(["--config", config, "keys", "import", "--replace", "--key-id", "OTHERTEXT1", files.pkcs8Apple, "--force-key-id"])
         #expect(plain.status == 0 && !plain.stderr.contains("warning:"), "\(plain.stderr)")
+    }
+
+    /// A .p8 with a public key (or anything) after its END line imported,
+    /// OpenSSL ignoring what follows the key.
+    @Test("keys import of a file with data after its END line is refused (65, --json too) before the token is touched")
+    func importRefusesTrailingData() throws {
+        let (_, config) = try tokenConfig("trailing")
+        let files = try TestKeyFiles.make()
+        let appended = TemporaryDirectory.make(prefix: "signerd-ops") + "/AuthKey_TRAILING01.p8"
+        try writeSecretFile(appended, try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8) + files.publicKeyPEM)
+        let refused = runSignctl(["--config", config, "keys", "import", appended])
+        #expect(refused.status == 65, "\(refused.stderr)")
+        #expect(refused.stderr.hasPrefix("error: key_file_invalid: the key file goes on after its -----END PRIVATE KEY----- line: a -----BEGIN PUBLIC KEY----- block ("), "\(refused.stderr)")
+        #expect(refused.stdout.isEmpty, "\(refused.stdout)")
+        let json = runSignctl(["--config", config, "keys", "import", "--json", appended])
+        #expect(json.status == 65, "\(json.stderr)")
+        let failure = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: [String: Any]], "\(json.stdout)")
+        #expect(failure["error"]?["code"] as? String == "key_file_invalid" && failure["error"]?["exit_code"] as? Int == 65, "\(json.stdout)")
+        // Read before any configuration or token: a configuration that does not exist is never reached (78).
+        let unreached = runSignctl(["--config", "/nonexistent/signerd.json", "keys", "import", appended])
+        #expect(unreached.status == 65, "\(unreached.stderr)")
+        let list = runSignctl(["--config", config, "keys", "list", "--json"])
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(list.stdout.utf8)) as? [Any], "\(list.stdout) \(list.stderr)")
+        #expect(entries.isEmpty, "nothing was imported: \(list.stdout)")
     }
 
     @Test("keys import --json says replaced as a boolean; keys delete counts objects in words")
