@@ -15,7 +15,9 @@
 # Environment:
 #   BUNDLE_ID         the bundle ID the key may sign for (default com.example.app)
 #   KEY_ID            the key ID of FILE.p8 when its name is not
-#                     AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8
+#                     AuthKey_<ID>.p8 or SubscriptionKey_<ID>.p8 (signctl
+#                     keys import decides, and also takes a browser's
+#                     SubscriptionKey_<ID> (1).p8 and .P8)
 #   ISSUER_ID         the issuer ID from App Store Connect, for the JWS kinds
 #                     (with the demo key, default a placeholder; with your
 #                     own key, none: the JWS kinds then answer 400 until
@@ -62,11 +64,8 @@ bundle_id=${BUNDLE_ID:-com.example.app}
 if [ -n "$p8" ]; then
   step "4/8 Using your key file $p8"
   key_file=$p8
-  key_id=${KEY_ID:-$(basename "$p8" | sed -nE 's/^(AuthKey|SubscriptionKey)_([A-Z0-9]{10})\.p8$/\2/p')}
-  [ -n "$key_id" ] || { echo "error: cannot tell the key ID from $(basename "$p8"); set KEY_ID=XXXXXXXXXX" >&2; exit 64; }
 else
-  key_id=DEMO000001
-  key_file=$demo/SubscriptionKey_$key_id.p8
+  key_file=$demo/SubscriptionKey_DEMO000001.p8
   if [ -s "$key_file" ]; then
     step "4/8 Using the DEMO key generated on an earlier run ($key_file; NOT an App Store key)"
   else
@@ -74,6 +73,27 @@ else
     (umask 077 && openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "$key_file")
   fi
 fi
+
+step "5/8 Importing the key into the token (non-extractable, self-tested)"
+# signctl takes the key ID from the file name by the same rule as any
+# import (a browser's " (1)" copy and .P8 included) and names it in its
+# --json answer: no second rule here. The import needs only token_uri.
+import_config=$demo/signctl-import.json
+(umask 077 && printf '{"token_uri": "%s"}\n' "$token_uri" > "$import_config")
+set +e
+imported=$("$bin/signctl" --config "$import_config" keys import --replace --json ${KEY_ID:+--key-id "$KEY_ID"} "$key_file")
+status=$?
+set -e
+rm -f "$import_config"
+if [ $status != 0 ]; then
+  [ $status = 64 ] && [ -z "${KEY_ID:-}" ] && echo "hint: set KEY_ID=XXXXXXXXXX (the key ID App Store Connect shows for the key) when the file name does not carry it" >&2
+  exit $status
+fi
+field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$1" "$2"; }
+key_id=$(field "$imported" key_id)
+echo "imported $key_id into token $(field "$imported" token_label): non-extractable, self-test signature verified"
+echo "public key SHA-256 fingerprint: $(field "$imported" fingerprint)"
+[ -n "$p8" ] || echo "(the demo key file stays in $demo for the next run: it is no App Store key; delete $demo to start afresh)"
 echo "key ID: $key_id, bundle ID: $bundle_id"
 # A made-up issuer ID in a JWS signed with a real key gives tokens Apple
 # refuses while every answer here is 200: only the demo key gets one.
@@ -104,9 +124,6 @@ if [ -e "$config" ] && ! cmp -s "$config" "$config.new"; then
 fi
 mv "$config.new" "$config"
 echo "configuration: $config"
-step "5/8 Importing the key into the token (non-extractable, self-tested)"
-"$bin/signctl" --config "$config" keys import --replace --key-id "$key_id" "$key_file"
-[ -n "$p8" ] || echo "(the demo key file stays in $demo for the next run: it is no App Store key; delete $demo to start afresh)"
 "$bin/signctl" --config "$config" keys list
 
 step "6/8 Starting signerd on $socket (log: $demo/signerd.log)"
@@ -140,8 +157,7 @@ request='{"bundle_id": "'$bundle_id'", "product_id": "pro_monthly", "offer_id": 
 echo "curl --unix-socket $socket -H 'Content-Type: application/json' -d '$request' http://signerd/v1/sign/promotional-offer"
 response=$(curl -sS --fail-with-body --unix-socket "$socket" -H 'Content-Type: application/json' -d "$request" http://signerd/v1/sign/promotional-offer)
 echo "$response"
-field() { python3 -c 'import json,sys; print(json.loads(sys.argv[1])[sys.argv[2]])' "$response" "$1"; }
-nonce=$(field nonce); timestamp=$(field timestamp); signature=$(field signature); signed_key=$(field key_id)
+nonce=$(field "$response" nonce); timestamp=$(field "$response" timestamp); signature=$(field "$response" signature); signed_key=$(field "$response" key_id)
 
 step "8/8 Verifying the signature with openssl against the public key exported from the token"
 "$bin/signctl" --config "$config" keys export-public "$key_id" > "$demo/public_key.pem"

@@ -22,6 +22,17 @@ public struct TokenKeyInfo: Sendable {
     public var fingerprint: String? { publicKey?.fingerprint }
 }
 
+/// A key object with no `CKA_ID` whose `CKA_LABEL` is an App Store key ID
+/// (``HSMToken/labelOnlyKeyObjects()``): not signerd's, and a namesake that
+/// stops `keys import` of that key ID.
+public struct LabelOnlyKeyObject: Sendable, Equatable {
+    /// The key ID its `CKA_LABEL` holds.
+    public var label: String
+    /// What it is, in `key_id_conflict`'s words: `an EC private key object
+    /// labelled ABC123DEFG with no CKA_ID`.
+    public var description: String
+}
+
 /// What an import did.
 public struct KeyImportResult: Sendable {
     /// The key ID the objects carry.
@@ -196,7 +207,8 @@ extension HSMToken {
                 if id.isEmpty && labelBytes.isEmpty && params.isEmpty { continue }
                 let label = HSMToken.printable(labelBytes)
                 let curve = ECCurve(parametersDER: params)
-                let publicKey = curve == nil ? nil : try? readPublicKey(keyID, id: id, session: session, curve: curve!)  // checked non-nil
+                // An empty CKA_ID pairs nothing: a search for it finds every public key object without an ID.
+                let publicKey = curve == nil || id.isEmpty ? nil : try? readPublicKey(keyID, id: id, session: session, curve: curve!)  // checked non-nil
                 keys.append(TokenKeyInfo(
                     keyID: keyID, label: label, curve: curve, publicKey: publicKey ?? nil,
                     extractable: try readBool(session, handle, P11.extractable),
@@ -238,7 +250,7 @@ extension HSMToken {
     ///     other key IDs (``KeyImportResult/duplicateOf`` names them).
     /// - Returns: what was imported.
     /// - Throws: ``HSMError/Code/keyIDConflict`` when a key object of
-    ///   another type carries the key ID as `CKA_ID`, or any key object
+    ///   another type or class (a secret key) carries the key ID as `CKA_ID`, or any key object
     ///   carries it as `CKA_LABEL` under another `CKA_ID` (with or without `replace`),
     ///   ``HSMError/Code/keyExists`` (without `replace`),
     ///   ``HSMError/Code/keyDuplicate`` naming the other key IDs (without
@@ -511,12 +523,14 @@ extension HSMToken {
     /// The key objects that carry `keyID`, split: the EC private and public
     /// key objects whose `CKA_ID` is the key ID (what signerd signs with, an
     /// import replaces and a delete removes), and descriptions (`an RSA
-    /// public key object`, `an EC private key object labelled ABC123DEFG
-    /// with CKA_ID 0x01`) of the others: key objects of another type with
-    /// that `CKA_ID`, and key objects of any type whose `CKA_LABEL` is the key
-    /// ID but whose `CKA_ID` is not (another application's key, or one made
-    /// without an ID). signctl neither replaces nor deletes those. Objects
-    /// that are not keys (data objects, certificates) are not looked at.
+    /// public key object`, `an AES secret key object`, `an EC private key
+    /// object labelled ABC123DEFG with CKA_ID 0x01`) of the others: private,
+    /// public and secret key objects of another type with that `CKA_ID`
+    /// (a secret key, `CKO_SECRET_KEY`, is never signerd's), and key objects
+    /// of any class and type whose `CKA_LABEL` is the key ID but whose
+    /// `CKA_ID` is not (another application's key, or one made without an
+    /// ID). signctl neither replaces nor deletes those. Objects that are not
+    /// keys (data objects, certificates) are not looked at.
     ///
     /// The corresponding PKCS#11 functions are `C_FindObjects` and
     /// `C_GetAttributeValue` (`CKA_KEY_TYPE`, `CKA_ID`).
@@ -524,23 +538,78 @@ extension HSMToken {
         let idBytes = Array(keyID.utf8)
         var ec: [UInt] = []
         var other: [String] = []
-        for (objectClass, kind) in [(P11.privateKeyClass, "private"), (P11.publicKeyClass, "public")] {
+        for (objectClass, kind) in HSMToken.keyClasses {
             let byID = try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.id, idBytes)])
             for handle in byID {
                 let type = try keyType(session, handle, keyID: keyID)
-                if type == P11.ecKeyType {
+                if type == P11.ecKeyType && objectClass != P11.secretKeyClass {
                     ec.append(handle)
                 } else {
                     other.append("\(P11.keyTypeName(type)) \(kind) key object")
                 }
             }
             for handle in try find(session, [Attribute(P11.classAttribute, ulong: objectClass), Attribute(P11.label, idBytes)]) where !byID.contains(handle) {
-                let type = try keyType(session, handle, keyID: keyID)
-                let id = try readAttribute(session, handle, P11.id, keyID: keyID) ?? []
-                other.append("\(P11.keyTypeName(type)) \(kind) key object labelled \(keyID) with \(id.isEmpty ? "no CKA_ID" : "CKA_ID \(HSMToken.printable(id))")")
+                other.append(try labelledDescription(session, handle, kind: kind, label: keyID))
             }
         }
         return (ec.sorted(), other)
+    }
+
+    /// The key object classes signctl looks at, with the word its
+    /// descriptions use: private, public and secret keys.
+    static let keyClasses = [(P11.privateKeyClass, "private"), (P11.publicKeyClass, "public"), (P11.secretKeyClass, "secret")]
+
+    /// `an EC private key object labelled ABC123DEFG with CKA_ID 0x01`, or
+    /// `… with no CKA_ID`: a key object whose `CKA_LABEL` is `label`, as
+    /// `key_id_conflict` and signctl's notes name it.
+    private func labelledDescription(_ session: UInt, _ handle: UInt, kind: String, label: String) throws(HSMError) -> String {
+        let type = try keyType(session, handle, keyID: label)
+        let id = try readAttribute(session, handle, P11.id, keyID: label) ?? []
+        return "\(P11.keyTypeName(type)) \(kind) key object labelled \(label) with \(id.isEmpty ? "no CKA_ID" : "CKA_ID \(HSMToken.printable(id))")"
+    }
+
+    /// The key objects that carry `keyID` and are not signerd's, described
+    /// as ``importKey(_:keyID:replace:allowDuplicateKey:confirmingStorage:)``'s
+    /// `key_id_conflict` names them (`an AES secret key object`, `an EC
+    /// private key object labelled ABC123DEFG with no CKA_ID`): what
+    /// ``deleteKey(keyID:)`` leaves on the token, and what stops a later
+    /// import of the key ID.
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and
+    /// `C_GetAttributeValue` (`CKA_KEY_TYPE`, `CKA_ID`).
+    /// - Parameter keyID: the App Store key ID.
+    /// - Returns: the descriptions; empty when only signerd's EC key objects (or nothing) carry it.
+    /// - Throws: ``HSMError`` from the search or an attribute read.
+    public func keyNamesakes(keyID: String) throws(HSMError) -> [String] {
+        try withSession { (session) throws(HSMError) -> [String] in try keyObjects(session, keyID: keyID).other }
+    }
+
+    /// The private, public and secret key objects that have no `CKA_ID`
+    /// (absent or empty) and whose `CKA_LABEL` is an App Store key ID:
+    /// another tool's (`pkcs11-tool --write-object` or `--keypairgen`
+    /// without `--id`; signctl always sets both). signerd, which finds keys
+    /// by `CKA_ID`, never uses them; they are not incomplete either (they
+    /// have a label), so ``deleteIncompleteKeyObjects()`` leaves them; and,
+    /// as namesakes by label, they stop an import of that key ID
+    /// (`key_id_conflict`), which signctl neither replaces nor deletes.
+    ///
+    /// The corresponding PKCS#11 functions are `C_FindObjects` and
+    /// `C_GetAttributeValue` (`CKA_ID`, `CKA_LABEL`, `CKA_KEY_TYPE`).
+    /// - Returns: one entry per object, sorted by label, then description.
+    /// - Throws: ``HSMError`` from the search or an attribute read.
+    public func labelOnlyKeyObjects() throws(HSMError) -> [LabelOnlyKeyObject] {
+        try withSession { (session) throws(HSMError) -> [LabelOnlyKeyObject] in
+            var found: [LabelOnlyKeyObject] = []
+            for (objectClass, kind) in HSMToken.keyClasses {
+                for handle in try find(session, [Attribute(P11.classAttribute, ulong: objectClass)]) {
+                    guard try readAttribute(session, handle, P11.id, keyID: nil)?.isEmpty ?? true,
+                          let bytes = try readAttribute(session, handle, P11.label, keyID: nil), KeyID.isValid(HSMToken.printable(bytes)) else { continue }
+                    let label = HSMToken.printable(bytes)
+                    found.append(LabelOnlyKeyObject(label: label, description: try labelledDescription(session, handle, kind: kind, label: label)))
+                }
+            }
+            return found.sorted { ($0.label, $0.description) < ($1.label, $1.description) }
+        }
     }
 
     /// An object's `CKA_KEY_TYPE`, or nil when it has none of the right size.

@@ -24,11 +24,12 @@ public final class ECPrivateKeyMaterial: Sendable {
     public let scalar: SecureBytes
     /// The public key (computed by OpenSSL when the file does not embed it).
     public let publicKey: ECPublicKey
-    /// Whether the file holds text besides the private key's PEM block (and
-    /// an `EC PARAMETERS` block, which `openssl ecparam -genkey` writes
-    /// before a SEC1 key): a certificate, a public key or other words that
-    /// OpenSSL skipped. Only the private key is read; a caller may warn that
-    /// the file may not be the one meant.
+    /// Whether the file holds text before the private key's PEM block
+    /// besides an `EC PARAMETERS` block (which `openssl ecparam -genkey`
+    /// writes before a SEC1 key): a certificate, a public key or other words
+    /// that OpenSSL skipped. Only the private key is read; a caller may warn
+    /// that the file may not be the one meant. (Anything but blanks after
+    /// the key's `-----END` line is refused.)
     public let hasOtherText: Bool
 
     /// Largest key file read, in bytes; real ones are about 250.
@@ -38,7 +39,9 @@ public final class ECPrivateKeyMaterial: Sendable {
     /// - Parameter pem: the file's bytes.
     /// - Throws: ``CryptoError/Code/keyFileInvalid`` (not a PEM private key,
     ///   each with its own headline: an empty file, UTF-16 text, more than one PEM private
-    ///   key, an encrypted key, a public point off the curve, an embedded
+    ///   key, an encrypted key, anything but blanks after the key's `-----END`
+    ///   line, bytes inside the Base64 after the PKCS#8 or SEC1 structure,
+    ///   a public point off the curve, an embedded
     ///   public key that is not the private key's: `EVP_PKEY_pairwise_check`),
     ///   ``CryptoError/Code/unsupportedKeyType`` (RSA, Ed25519, …),
     ///   ``CryptoError/Code/unsupportedCurve`` (any curve but P-256, named).
@@ -65,6 +68,14 @@ public final class ECPrivateKeyMaterial: Sendable {
             throw CryptoError(.keyFileInvalid, "the key file is encrypted (-----BEGIN ENCRYPTED PRIVATE KEY----- or Proc-Type: 4,ENCRYPTED); export it unencrypted as Apple delivers it (-----BEGIN PRIVATE KEY-----)")
         }
         let layout = ECPrivateKeyMaterial.normalizedLayout(pem)
+        // OpenSSL reads the first key and ignores what follows its END line
+        // (and refuses text on that line, calling the block undecodable):
+        // neither is in a file as App Store Connect delivers it.
+        if let trailing = layout.withUnsafeBytes(ECPrivateKeyMaterial.textAfterKey) {
+            throw CryptoError(.keyFileInvalid, "the key file goes on after its \(trailing.endLine) line: \(trailing.found) (\(trailing.bytes) \(trailing.bytes == 1 ? "byte" : "bytes"), not shown, since they may be key material); "
+                              + "a .p8 from App Store Connect ends with that line, so this file was put together or damaged after it was downloaded: if you appended a certificate, a public key or a note, "
+                              + "remove everything after the \(trailing.endLine) line and check that the key is the one App Store Connect lists under its key ID; otherwise use an intact copy of the .p8")
+        }
         hasOtherText = layout.withUnsafeBytes(ECPrivateKeyMaterial.hasTextOutsideKey)
         let parsed: OpaquePointer? = layout.withUnsafeBytes { bytes in
             guard let bio = BIO_new_mem_buf(bytes.baseAddress, Int32(bytes.count)) else { return nil }
@@ -109,6 +120,12 @@ public final class ECPrivateKeyMaterial: Sendable {
                 ?? "the key is on an unnamed curve; an App Store In-App Purchase key is on P-256 (prime256v1)")
         }
         self.curve = curve
+        // OpenSSL ignores what follows the key's structure inside the
+        // Base64: it is not in a file as App Store Connect delivers it.
+        if let extra = ECPrivateKeyMaterial.bytesAfterStructure(layout) {
+            throw CryptoError(.keyFileInvalid, "the key file's PEM block holds \(extra.bytes) \(extra.bytes == 1 ? "byte" : "bytes") after the \(extra.structure) inside its Base64, which OpenSSL ignores (not shown, since they may be key material): "
+                              + "the file is damaged or was edited; use an intact copy of the .p8 (App Store Connect lets you download a key once; with no intact copy, revoke the key and make a new one)")
+        }
 
         var bignum: OpaquePointer?
         guard EVP_PKEY_get_bn_param(key.pointer, OSSL_PKEY_PARAM_PRIV_KEY, &bignum) == 1, let bignum else {
@@ -160,18 +177,108 @@ public final class ECPrivateKeyMaterial: Sendable {
     /// then a short or a one- or two-byte long length that covers the rest):
     /// a PKCS#8 or SEC1 key saved as binary DER instead of PEM.
     static func isOneDERSequence(_ bytes: UnsafeRawBufferPointer) -> Bool {
-        guard bytes.count >= 2, bytes[0] == 0x30 else { return false }
+        guard let length = sequenceLength(bytes) else { return false }
         // An editor or `echo` may have added a line end after the DER.
         var count = bytes.count
         while count > 2, bytes[count - 1] == 0x0a || bytes[count - 1] == 0x0d { count -= 1 }
-        let length: Int
-        switch bytes[1] {
-        case 0..<0x80: length = Int(bytes[1]) + 2
-        case 0x81 where bytes.count >= 3: length = Int(bytes[2]) + 3
-        case 0x82 where bytes.count >= 4: length = (Int(bytes[2]) << 8 | Int(bytes[3])) + 4
-        default: return false
-        }
         return length == count || length == bytes.count
+    }
+
+    /// The encoded length in bytes (header included) of the DER SEQUENCE
+    /// that `bytes` start with (tag 0x30, then a short or a one- or two-byte
+    /// long length), or nil when they do not start with one.
+    static func sequenceLength(_ bytes: UnsafeRawBufferPointer) -> Int? {
+        guard bytes.count >= 2, bytes[0] == 0x30 else { return nil }
+        switch bytes[1] {
+        case 0..<0x80: return Int(bytes[1]) + 2
+        case 0x81 where bytes.count >= 3: return Int(bytes[2]) + 3
+        case 0x82 where bytes.count >= 4: return (Int(bytes[2]) << 8 | Int(bytes[3])) + 4
+        default: return nil
+        }
+    }
+
+    /// What LF-separated `text` (``normalizedLayout(_:)``) holds after the
+    /// `-----END …-----` marker of its private key's PEM block, on that
+    /// line and after it, when that is anything but blanks (spaces, tabs,
+    /// line ends). The description names PEM blocks by their `BEGIN` line
+    /// and otherwise only the kind of bytes, never what they say: bytes
+    /// after a key may be key material (a second copy of its Base64).
+    /// - Returns: the END line (`-----END PRIVATE KEY-----`), what follows
+    ///   it in words, and how many bytes that is (leading and trailing
+    ///   blanks left out); nil when nothing but blanks follows, or the file
+    ///   has no such block.
+    static func textAfterKey(_ text: UnsafeRawBufferPointer) -> (endLine: String, found: String, bytes: Int)? {
+        let lines = text.split(separator: 0x0a, omittingEmptySubsequences: false)
+        func starts(_ line: Slice<UnsafeRawBufferPointer>, _ prefix: String) -> Bool {
+            line.count >= prefix.utf8.count && zip(line, prefix.utf8).allSatisfy { $0 == $1 }
+        }
+        guard let begin = lines.firstIndex(where: { starts($0, "-----BEGIN PRIVATE KEY-----") || starts($0, "-----BEGIN EC PRIVATE KEY-----") }),
+              let end = lines[(begin + 1)...].firstIndex(where: { starts($0, "-----END ") }) else { return nil }
+        let endLine = starts(lines[begin], "-----BEGIN EC") ? "-----END EC PRIVATE KEY-----" : "-----END PRIVATE KEY-----"
+        let blank: Set<UInt8> = [0x20, 0x09, 0x0a, 0x0d, 0x0b, 0x0c]
+        // Past the marker on the END line itself (its closing five dashes), then every later line.
+        let endBytes = lines[end]
+        let markerEnd = starts(endBytes, endLine) ? endBytes.startIndex + endLine.utf8.count : endBytes.endIndex
+        let rest = text[markerEnd...]
+        guard let first = rest.firstIndex(where: { !blank.contains($0) }), let last = rest.lastIndex(where: { !blank.contains($0) }) else { return nil }
+        let trailing = text[first...last]
+        // The labels of PEM blocks that follow (CERTIFICATE, PUBLIC KEY): shown when they look like one.
+        var labels: [String] = []
+        for line in trailing.split(separator: 0x0a) where starts(line, "-----BEGIN ") {
+            let label = line.dropFirst("-----BEGIN ".utf8.count).prefix { $0 != 0x2d }
+            let tail = line.dropFirst("-----BEGIN ".utf8.count + label.count)
+            guard (1...40).contains(label.count), label.allSatisfy({ (0x41...0x5a).contains($0) || (0x30...0x39).contains($0) || $0 == 0x20 }),
+                  tail.prefix(5).elementsEqual("-----".utf8) else { continue }
+            labels.append("-----BEGIN \(String(decoding: label, as: UTF8.self))-----")
+        }
+        let found: String
+        if first < endBytes.endIndex {
+            found = "text on the END line itself, after the marker"
+        } else if !labels.isEmpty {
+            found = labels.count == 1 ? "a \(labels[0]) block" : "\(labels.count) PEM blocks (\(labels.joined(separator: ", ")))"
+        } else if trailing.contains(where: { ($0 < 0x20 && !blank.contains($0)) || $0 >= 0x7f }) {
+            found = "bytes that are not text"
+        } else if trailing.count >= 16, trailing.allSatisfy({ blank.contains($0) || (0x41...0x5a).contains($0) || (0x61...0x7a).contains($0) || (0x30...0x39).contains($0) || [0x2b, 0x2f, 0x3d].contains($0) }) {
+            found = "Base64 with no PEM header of its own"
+        } else {
+            found = "text"
+        }
+        return (endLine, found, trailing.count)
+    }
+
+    /// How many bytes the DER of `layout`'s private key block (the Base64
+    /// between its `BEGIN` and `END` lines, decoded by OpenSSL's PEM
+    /// reader into a buffer wiped afterwards) holds after the PKCS#8
+    /// PrivateKeyInfo or SEC1 ECPrivateKey structure it starts with. OpenSSL
+    /// reads the structure and ignores the rest.
+    /// - Returns: the count and the structure's name, or nil when the DER is
+    ///   exactly the structure (or the block cannot be read here; the parse
+    ///   that did read it decides then).
+    static func bytesAfterStructure(_ layout: SecureBytes) -> (bytes: Int, structure: String)? {
+        layout.withUnsafeBytes { bytes -> (bytes: Int, structure: String)? in
+            guard let bio = BIO_new_mem_buf(bytes.baseAddress, Int32(bytes.count)) else { return nil }
+            defer { BIO_free(bio) }
+            defer { ERR_clear_error() }  // the reader's end-of-input "no start line" is no failure here
+            // Block by block: an EC PARAMETERS block may come first.
+            while true {
+                var name: UnsafeMutablePointer<CChar>?
+                var header: UnsafeMutablePointer<CChar>?
+                var data: UnsafeMutablePointer<UInt8>?
+                var length = 0
+                guard PEM_read_bio(bio, &name, &header, &data, &length) == 1 else { return nil }
+                defer {
+                    CRYPTO_free(name, nil, 0)
+                    CRYPTO_free(header, nil, 0)
+                    // The private key's DER: wiped before it is freed.
+                    CRYPTO_clear_free(data, length, nil, 0)
+                }
+                let label = name.map { String(cString: $0) } ?? ""
+                guard label == "PRIVATE KEY" || label == "EC PRIVATE KEY" else { continue }
+                let der = UnsafeRawBufferPointer(start: data, count: data == nil ? 0 : length)
+                guard let structure = sequenceLength(der), structure < der.count else { return nil }
+                return (der.count - structure, label == "PRIVATE KEY" ? "PKCS#8 PrivateKeyInfo structure" : "SEC1 ECPrivateKey structure")
+            }
+        }
     }
 
     /// Whether `d` lies in [1, n − 1] for P-256's group order n.
@@ -216,6 +323,7 @@ public final class ECPrivateKeyMaterial: Sendable {
     /// Whether LF-separated `text` (``normalizedLayout(_:)``) has a line
     /// with anything but blanks outside its private key's PEM block and an
     /// `EC PARAMETERS` block; a UTF-8 byte-order mark at the start is skipped.
+    /// (What follows the key is refused before this matters: ``textAfterKey(_:)``.)
     static func hasTextOutsideKey(_ text: UnsafeRawBufferPointer) -> Bool {
         func starts(_ line: Slice<UnsafeRawBufferPointer>, _ prefix: String) -> Bool {
             line.count >= prefix.utf8.count && zip(line, prefix.utf8).allSatisfy { $0 == $1 }

@@ -746,15 +746,18 @@ enum P11 {
     static let ecPoint = UInt(CKA_EC_POINT)
     static let privateKeyClass = UInt(CKO_PRIVATE_KEY)
     static let publicKeyClass = UInt(CKO_PUBLIC_KEY)
+    static let secretKeyClass = UInt(CKO_SECRET_KEY)
     static let dataClass = UInt(CKO_DATA)
     static let application = UInt(CKA_APPLICATION)
     static let modulus = UInt(CKA_MODULUS)
     static let publicExponent = UInt(CKA_PUBLIC_EXPONENT)
     static let rsaKeyType = UInt(CKK_RSA)
     static let ecKeyType = UInt(CKK_EC)
+    static let aesKeyType = UInt(CKK_AES)
 
     /// A `CKA_KEY_TYPE` value as an operator knows it (`RSA`, `EC`,
-    /// `Ed25519/Ed448`), or its number; `unknown-type` when unreadable.
+    /// `Ed25519/Ed448`, `AES`, `generic` for `CKK_GENERIC_SECRET`), or its
+    /// number; `unknown-type` when unreadable.
     static func keyTypeName(_ type: UInt?) -> String {
         switch type {
         case .none: "an unknown-type"
@@ -764,6 +767,7 @@ enum P11 {
         case UInt(CKK_EC): "an EC"
         case UInt(CKK_EC_EDWARDS): "an Ed25519/Ed448"
         case UInt(CKK_AES): "an AES"
+        case UInt(CKK_GENERIC_SECRET): "a generic"
         case .some(let other): "a key-type-\(other)"
         }
     }

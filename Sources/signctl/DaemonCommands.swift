@@ -57,6 +57,37 @@ func unreachableHint(_ error: SocketError, socketPath: String) -> String {
     }
 }
 
+/// What the signerd listening on a socket says it serves, for
+/// `keys delete`'s `key_still_configured` warning: its configuration may
+/// differ from signctl's (another file, or edited and not reloaded).
+enum DaemonKeys {
+    /// signerd answered `GET /v1/keys` with the keys in its `keys[]`.
+    case answered([KeysResponse.Key])
+    /// signerd could not be asked (`reason`, in words); `notRunning` when
+    /// nothing listens there (no socket file, connection refused).
+    case unanswered(reason: String, notRunning: Bool)
+}
+
+/// Asks the signerd on `socketPath` which keys it is configured with
+/// (`GET /v1/keys`), waiting at most 5 s for it.
+/// - Parameter socketPath: `socket_path` of signctl's configuration.
+/// - Returns: the keys, or why they could not be read (unreachable, 403,
+///   503, an answer that is not the listing).
+func configuredKeysOfDaemon(socketPath: String) -> DaemonKeys {
+    let client = SignerClient(socketPath: socketPath, timeout: 5)
+    defer { client.close() }
+    let response: ClientResponse
+    do {
+        response = try client.send("GET", Route.keys.rawValue)
+    } catch {
+        return .unanswered(reason: error.message, notRunning: error.errno == ENOENT || error.errno == ECONNREFUSED)
+    }
+    guard response.status == 200, let listing = try? response.decode(KeysResponse.self) else {
+        return .unanswered(reason: "GET /v1/keys answered \(response.status)\(response.error.map { " \($0.code)" } ?? "")", notRunning: false)
+    }
+    return .answered(listing.keys)
+}
+
 /// Turns an error response into a failure with the contract's code and exit status.
 func failure(from response: ClientResponse) -> CommandFailure {
     let error = response.error

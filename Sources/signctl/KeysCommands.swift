@@ -35,7 +35,7 @@ func hint(for error: HSMError) -> String? {
         return "signctl does not spend the last try: check that the PIN file holds the right PIN (the token's counter resets at the next right login), then run the command again with --final-try"
     }
     return switch error.code {
-    case .keyIDConflict: "list the token's objects with: p11tool --list-all (gnutls-bin) or pkcs11-tool --list-objects (opensc)"
+    case .keyIDConflict: namesakeListingHint
     case .pinNotStored: "for SoftHSM, free space where directories.tokendir of its softhsm2.conf points (df, and ulimit -f) before you change the PIN again; do not put the new PIN in the PIN files"
     case .keyNotStored: "free space where the token stores its objects (for SoftHSM: df on directories.tokendir of its softhsm2.conf, and ulimit -f), then import the same file again with --replace; signctl keys list shows what is left, and signctl keys delete --incomplete --yes removes incomplete objects"
     case .keyExists: "pass --replace to replace the key on the token"
@@ -50,6 +50,27 @@ func hint(for error: HSMError) -> String? {
     case .pkcs11Failure: pkcs11FailureHint(function: error.function)
     default: nil
     }
+}
+
+/// How to find a key object signctl did not make and leaves alone (a
+/// namesake of a key ID), so that the tool that made it can remove or
+/// relabel it.
+let namesakeListingHint = "list the token's objects with: p11tool --list-all (gnutls-bin) or pkcs11-tool --list-objects (opensc)"
+
+/// The note signctl writes on stderr about key objects that carry a key ID
+/// and that it leaves alone (``HSMToken/keyNamesakes(keyID:)``,
+/// ``HSMToken/labelOnlyKeyObjects()``): `note: <lead>: <descriptions>,
+/// which signctl did not make; <they stop keys import …>`, then a hint
+/// line saying how to remove them with the tool that made them.
+/// - Parameters:
+///   - lead: what the note is about (`left alone on token signer`).
+///   - objects: the objects' descriptions.
+///   - keyIDs: the key IDs whose import they stop.
+func namesakeNote(_ lead: String, _ objects: [String], blocking keyIDs: [String]) -> String {
+    let (it, stops) = objects.count == 1 ? ("it", "it stops") : ("them", "they stop")
+    return "note: \(lead): \(objects.joined(separator: "; ")), which signctl did not make; "
+        + "signerd never signs with \(it) (it signs with the EC key whose CKA_ID is the key ID), and \(stops) keys import of \(keyIDs.joined(separator: ", ")) (key_id_conflict)\n"
+        + "hint: signctl leaves \(it) alone (keys delete, with or without --incomplete, too): remove or relabel \(it) with the tool that made \(it); \(namesakeListingHint)\n"
 }
 
 /// What to check when the module itself failed. Before a token is found
@@ -392,7 +413,7 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     let material = try ECPrivateKeyMaterial(contentsOf: path)
     if material.hasOtherText {
         // OpenSSL skips what surrounds the key: a file put together by hand may not be the one meant.
-        FileHandle.standardError.write(Data("warning: \(path) holds more than the private key (a certificate, a public key, or other text before or after it); only the private key is read: check that it is the key App Store Connect lists under key ID \(keyID)\n".utf8))
+        FileHandle.standardError.write(Data("warning: \(path) holds more than the private key (a certificate, a public key, or other text before it); only the private key is read: check that it is the key App Store Connect lists under key ID \(keyID)\n".utf8))
     }
     let token = try openTokenForWriting(loadConfiguration(configPath), configPath: configPath)
     defer { token.close() }
@@ -461,6 +482,12 @@ func keysList(_ words: [String], configPath: String) throws -> ExitCode {
             guard error.code == .keyInvalid else { continue }
             FileHandle.standardError.write(Data("warning: key_invalid: \(error.message)\n".utf8))
         }
+    }
+    let labelOnly = try token.labelOnlyKeyObjects()
+    if !labelOnly.isEmpty {
+        // On stderr, as the incomplete objects below: --json stays a list of keys.
+        FileHandle.standardError.write(Data(namesakeNote("token \(token.label) holds key objects with no CKA_ID labelled with a key ID", labelOnly.map(\.description),
+                                                         blocking: Array(Set(labelOnly.map(\.label))).sorted()).utf8))
     }
     let incomplete = try token.incompleteKeyObjectCount()
     if incomplete > 0 {
@@ -533,7 +560,7 @@ func exportablePublicKey(_ token: HSMToken, keyID: String) throws -> ECPublicKey
 func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: [], flags: ["yes", "incomplete"])
     if arguments.flag("help") {
-        print("usage: signctl keys delete KEY_ID --yes\n       signctl keys delete --incomplete --yes\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.\nWith --incomplete: removes the EC key objects that carry no key ID, label or curve, left by a write\nthat stopped half-way (keys list counts them); no other object is touched.")
+        print("usage: signctl keys delete KEY_ID --yes\n       signctl keys delete --incomplete --yes\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.\nWarns key_still_configured when the running signerd (GET /v1/keys on socket_path) still has KEY_ID in keys[];\nwhen no signerd answers there, when keys[] of the configuration file has it (and says so).\nWith --incomplete: removes the EC key objects that carry no key ID, label or curve, left by a write\nthat stopped half-way (keys list counts them); no other object is touched.")
         return .success
     }
     if arguments.flag("incomplete") {
@@ -546,6 +573,13 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         let removed = try ProcessControl.holdingTerminationSignals { try token.deleteIncompleteKeyObjects() }
         print(removed == 0 ? "no incomplete key objects on token \(token.label)"
                            : "deleted \(removed) incomplete key \(removed == 1 ? "object" : "objects") from token \(token.label)")
+        // Objects with no CKA_ID but a key ID for a label are not incomplete:
+        // say that they stay, since they stop an import of that key ID.
+        let labelOnly = try token.labelOnlyKeyObjects()
+        if !labelOnly.isEmpty {
+            FileHandle.standardError.write(Data(namesakeNote("left alone on token \(token.label), not incomplete (a label, no CKA_ID)", labelOnly.map(\.description),
+                                                             blocking: Array(Set(labelOnly.map(\.label))).sorted()).utf8))
+        }
         return .success
     }
     let keyID = try keyIDArgument(arguments)
@@ -553,15 +587,37 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         throw UsageError("deleting \(keyID) cannot be undone", hint: "add --yes to confirm")
     }
     let configuration = try loadConfiguration(configPath)
+    // The running daemon's keys[] decides, not signctl's own file; asked
+    // before the token is locked and changed.
+    let served = configuredKeysOfDaemon(socketPath: configuration.socketPath)
     let token = try openTokenForWriting(configuration, configPath: configPath)
     defer { token.close() }
     let removed = try ProcessControl.holdingTerminationSignals { try token.deleteKey(keyID: keyID) }
-    if configuration.keys.contains(where: { $0.keyID == keyID }) {
-        // A signerd that still has it configured takes its disappearance for
-        // the token's storage going away: every key answers 503 for about a
-        // second while the module is reinitialized (OPERATIONS.md, "Retiring a key").
-        FileHandle.standardError.write(Data(("warning: key_still_configured: \(keyID) is in keys[] of \(configPath); a signerd running with it marks the token down for about a second "
-            + "(every key answers 503) before it takes \(keyID) as deleted; remove it from keys[] of signerd's configuration and reload signerd before deleting a key\n").utf8))
+    // What carries the key ID and was not deleted stops its next import.
+    let namesakes = try token.keyNamesakes(keyID: keyID)
+    if !namesakes.isEmpty {
+        FileHandle.standardError.write(Data(namesakeNote("left alone on token \(token.label)", namesakes, blocking: [keyID]).utf8))
+    }
+    // A signerd that still has it configured takes its disappearance for
+    // the token's storage going away: every key answers 503 for about a
+    // second while the module is reinitialized (OPERATIONS.md, "Retiring a key").
+    let outage = "marks the token down for about a second (every key answers 503) before it takes \(keyID) as deleted; "
+        + "remove it from keys[] of signerd's configuration and reload signerd before deleting a key"
+    switch served {
+    case .answered(let keys):
+        // A key signerd serves from another token is not the one deleted here.
+        if keys.contains(where: { $0.keyID == keyID && $0.tokenLabel == token.label }) {
+            FileHandle.standardError.write(Data("warning: key_still_configured: \(keyID) is in keys[] of the running signerd (GET /v1/keys on \(configuration.socketPath)); it \(outage)\n".utf8))
+        }
+    case .unanswered(let reason, let notRunning):
+        if configuration.keys.contains(where: { $0.keyID == keyID }) {
+            FileHandle.standardError.write(Data(("warning: key_still_configured: \(keyID) is in keys[] of \(configPath), signctl's configuration, read because signerd did not answer "
+                + "GET /v1/keys on \(configuration.socketPath) (\(reason)); a signerd running with it \(outage)\n").utf8))
+        } else if !notRunning {
+            // Something listens there that could not say: the file is all signctl has, and it may be out of date.
+            FileHandle.standardError.write(Data(("note: could not ask signerd on \(configuration.socketPath) which keys it serves (\(reason)); keys[] of \(configPath) does not list \(keyID), "
+                + "but the running signerd's configuration may, and then it \(outage)\n").utf8))
+        }
     }
     print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")
     return .success

@@ -38,6 +38,34 @@ struct QuickstartTests {
         #expect(!with.stdout.contains("note: no ISSUER_ID"), "\(with.stdout)")
     }
 
+    /// The script read the key ID from the file name with a regex of its
+    /// own, which refused `SubscriptionKey_<ID> (1).p8` (a browser's second
+    /// copy) and `.P8`, names `signctl keys import` takes.
+    @Test("the key ID is signctl's reading of the file name: a browser's (1) copy and .P8 sign end to end; a name without one is 64 with a KEY_ID hint, and KEY_ID then works")
+    func keyIDFromSignctl() throws {
+        let keys = try TestKeyFiles.make()
+        let directory = TemporaryDirectory.make(prefix: "signerd-quickstart-key")
+        for (name, keyID) in [("SubscriptionKey_QUICK00002 (1).p8", "QUICK00002"), ("AuthKey_QUICK00003.P8", "QUICK00003")] {
+            let keyFile = directory + "/" + name
+            try FileManager.default.copyItem(atPath: keys.pkcs8Apple, toPath: keyFile)
+            let (result, demo) = try Self.run([keyFile])
+            #expect(result.status == 0, "\(name): \(result.stdout)\n\(result.stderr)")
+            #expect(result.stdout.contains("Verified OK"), "\(name): \(result.stdout)")
+            #expect(result.stdout.contains("imported \(keyID) into token "), "\(name): \(result.stdout)")
+            #expect(try Self.keyID(in: demo) == keyID, "\(name)")
+            #expect(!FileManager.default.fileExists(atPath: demo + "/signctl-import.json"), "the import's configuration is left behind")
+        }
+        let unnamed = directory + "/my-key.p8"
+        try FileManager.default.copyItem(atPath: keys.pkcs8Apple, toPath: unnamed)
+        let (refused, _) = try Self.run([unnamed])
+        #expect(refused.status == 64, "\(refused.stdout)\n\(refused.stderr)")
+        #expect(refused.stderr.contains("error: cannot tell the key ID from the file name"), "\(refused.stderr)")
+        #expect(refused.stderr.contains("hint: set KEY_ID=XXXXXXXXXX"), "\(refused.stderr)")
+        let (given, demo) = try Self.run([unnamed], environment: ["KEY_ID": "QUICK00004"])
+        #expect(given.status == 0 && given.stdout.contains("Verified OK"), "\(given.stdout)\n\(given.stderr)")
+        #expect(try Self.keyID(in: demo) == "QUICK00004")
+    }
+
     /// Runs a copy of quickstart.sh (beside the real softhsm-setup.sh) in a
     /// new demo directory, with install-deps.sh and the release build stubbed out.
     static func run(_ arguments: [String] = [], environment: [String: String] = [:]) throws -> (result: (status: Int32, stdout: String, stderr: String), demo: String) {
@@ -64,6 +92,13 @@ struct QuickstartTests {
         let result = runProgram("/bin/bash", [scripts + "/quickstart.sh"] + arguments,
                                 environment: environment.merging(["SIGNERD_DEMO_DIR": demo, "PATH": path]) { $1 })
         return (result, demo)
+    }
+
+    /// The `key_id` of the one key in the configuration the script wrote.
+    static func keyID(in demo: String) throws -> String? {
+        let data = try Data(contentsOf: URL(fileURLWithPath: demo + "/signerd.json"))
+        let object = try #require(try JSONSerialization.jsonObject(with: data) as? [String: Any])
+        return ((object["keys"] as? [[String: Any]])?.first)?["key_id"] as? String
     }
 
     /// The top-level `issuer_id` of the configuration the script wrote.

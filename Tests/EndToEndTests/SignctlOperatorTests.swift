@@ -373,19 +373,43 @@ struct SignctlCosmeticsTests {
         #expect(throws: HSMError.self, "the key was imported") { try hsm.publicKey(keyID: "INTR000001") }
     }
 
-    /// A key file with a certificate or other text around the key imported without a word.
-    @Test("keys import of a file with text around the key imports it and warns on stderr; a plain file gets no warning")
+    /// A key file with a certificate or other text before the key imported without a word.
+    @Test("keys import of a file with text before the key imports it and warns on stderr; a plain file gets no warning")
     func importWarnsOfOtherText() throws {
         let (_, config) = try tokenConfig("other-text")
         let files = try TestKeyFiles.make()
         let mixed = TemporaryDirectory.make(prefix: "signerd-ops") + "/AuthKey_OTHERTEXT1.p8"
-        try writeSecretFile(mixed, try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8) + files.publicKeyPEM)
+        try writeSecretFile(mixed, files.publicKeyPEM + (try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8)))
         let warned = runSignctl(["--config", config, "keys", "import", mixed])
         #expect(warned.status == 0, "\(warned.stderr)")
         #expect(warned.stderr.hasPrefix("warning: \(mixed) holds more than the private key"), "\(warned.stderr)")
         #expect(warned.stderr.contains("key ID OTHERTEXT1"), "\(warned.stderr)")
         let plain = runSignctl(["--config", config, "keys", "import", "--replace", "--key-id", "OTHERTEXT1", files.pkcs8Apple, "--force-key-id"])
         #expect(plain.status == 0 && !plain.stderr.contains("warning:"), "\(plain.stderr)")
+    }
+
+    /// A .p8 with a public key (or anything) after its END line imported,
+    /// OpenSSL ignoring what follows the key.
+    @Test("keys import of a file with data after its END line is refused (65, --json too) before the token is touched")
+    func importRefusesTrailingData() throws {
+        let (_, config) = try tokenConfig("trailing")
+        let files = try TestKeyFiles.make()
+        let appended = TemporaryDirectory.make(prefix: "signerd-ops") + "/AuthKey_TRAILING01.p8"
+        try writeSecretFile(appended, try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8) + files.publicKeyPEM)
+        let refused = runSignctl(["--config", config, "keys", "import", appended])
+        #expect(refused.status == 65, "\(refused.stderr)")
+        #expect(refused.stderr.hasPrefix("error: key_file_invalid: the key file goes on after its -----END PRIVATE KEY----- line: a -----BEGIN PUBLIC KEY----- block ("), "\(refused.stderr)")
+        #expect(refused.stdout.isEmpty, "\(refused.stdout)")
+        let json = runSignctl(["--config", config, "keys", "import", "--json", appended])
+        #expect(json.status == 65, "\(json.stderr)")
+        let failure = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: [String: Any]], "\(json.stdout)")
+        #expect(failure["error"]?["code"] as? String == "key_file_invalid" && failure["error"]?["exit_code"] as? Int == 65, "\(json.stdout)")
+        // Read before any configuration or token: a configuration that does not exist is never reached (78).
+        let unreached = runSignctl(["--config", "/nonexistent/signerd.json", "keys", "import", appended])
+        #expect(unreached.status == 65, "\(unreached.stderr)")
+        let list = runSignctl(["--config", config, "keys", "list", "--json"])
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(list.stdout.utf8)) as? [Any], "\(list.stdout) \(list.stderr)")
+        #expect(entries.isEmpty, "nothing was imported: \(list.stdout)")
     }
 
     @Test("keys import --json says replaced as a boolean; keys delete counts objects in words")
@@ -525,6 +549,110 @@ struct SignctlLabelNamesakeTests {
         let deleted = runSignctl(["--config", config, "keys", "delete", "NAMESAKE01", "--yes"])
         #expect(deleted.status == 65 && deleted.stderr.contains("error: key_not_found: ") && deleted.stderr.contains("signctl leaves alone"), "\(deleted.stderr)")
         #expect(runSignctl(["--config", config, "keys", "list"]).stdout.contains("NAMESAKE01"), "still there")
+    }
+}
+
+@Suite("signctl keys: a key object labelled with a key ID that has no CKA_ID")
+struct SignctlLabelOnlyTests {
+    /// pkcs11-tool --write-object (or --keypairgen) without --id: an EC key
+    /// labelled NOIDKEY001 with an empty CKA_ID stopped keys import
+    /// NOIDKEY001, yet keys delete and delete --incomplete left it without
+    /// a word, and keys list did not show a public one at all: the
+    /// operator had nothing telling them what blocks the key ID.
+    @Test("keys list names it on stderr; import is key_id_conflict naming it; delete and delete --incomplete leave it and say so; it is never destroyed")
+    func labelOnly() throws {
+        let (token, config) = try tokenConfig("label-only")
+        let files = try TestKeyFiles.make()
+        let theirs = try ECPrivateKeyMaterial(contentsOf: try TestKeyFiles.make().pkcs8Apple)
+        let hsm = try inProcessToken(token)
+        defer { hsm.close() }
+        // As another tool makes them: a label, no CKA_ID at all.
+        func addWithoutID(_ label: String, privateKey: Bool) throws {
+            try hsm.withReadWriteSession { (session) throws(HSMError) in
+                let common = [Attribute(P11.keyType, ulong: P11.ecKeyType), Attribute(P11.token, bool: true),
+                              Attribute(P11.label, Array(label.utf8)), Attribute(P11.ecParams, ECCurve.p256.parametersDER)]
+                let template = privateKey
+                    ? [Attribute(P11.classAttribute, ulong: P11.privateKeyClass), Attribute(P11.private, bool: true), Attribute(P11.sign, bool: true), Attribute(P11.value, secret: theirs.scalar)]
+                    : [Attribute(P11.classAttribute, ulong: P11.publicKeyClass), Attribute(P11.ecPoint, HSMToken.wrappedECPoint(theirs.publicKey.uncompressedPoint))]
+                #expect(hsm.functions.createObject(session, template: template + common).0 == .ok)
+            }
+        }
+        func labelled(_ label: String) throws -> Int {
+            try hsm.withSession { (session) throws(HSMError) -> Int in try hsm.find(session, [Attribute(P11.label, Array(label.utf8))]).count }
+        }
+        try addWithoutID("NOIDKEY001", privateKey: true)
+        try addWithoutID("NOIDKEY002", privateKey: false)
+        let privateOne = "an EC private key object labelled NOIDKEY001 with no CKA_ID"
+        let publicOne = "an EC public key object labelled NOIDKEY002 with no CKA_ID"
+
+        let list = runSignctl(["--config", config, "keys", "list", "--json"])
+        #expect(list.status == 0, "\(list.stderr)")
+        #expect(list.stderr.contains("note: token \(token.label) holds key objects with no CKA_ID labelled with a key ID: \(privateOne); \(publicOne), which signctl did not make"), "\(list.stderr)")
+        #expect(list.stderr.contains("they stop keys import of NOIDKEY001, NOIDKEY002 (key_id_conflict)"), "\(list.stderr)")
+        #expect(list.stderr.contains("\nhint: signctl leaves them alone") && list.stderr.contains("pkcs11-tool --list-objects"), "\(list.stderr)")
+        let entries = try #require(try JSONSerialization.jsonObject(with: Data(list.stdout.utf8)) as? [[String: Any]], "--json stays a list: \(list.stdout)")
+        // An empty CKA_ID pairs the private key with no public key object (NOIDKEY002's has no ID either).
+        #expect(entries.count == 1 && entries.first?["label"] as? String == "NOIDKEY001" && entries.first?["public_key_object"] as? Bool == false, "\(entries)")
+
+        for replace in [[], ["--replace"]] {
+            let imported = runSignctl(["--config", config, "keys", "import", "--key-id", "NOIDKEY001", "--allow-duplicate-key"] + replace + [files.sec1])
+            #expect(imported.status == 65 && imported.stderr.hasPrefix("error: key_id_conflict: key ID NOIDKEY001 is already carried by \(privateOne)"), "\(replace): \(imported.stderr)")
+        }
+        let notFound = runSignctl(["--config", config, "keys", "delete", "NOIDKEY001", "--yes"])
+        #expect(notFound.status == 65 && notFound.stderr.contains("error: key_not_found: ") && notFound.stderr.contains("signctl leaves alone \(privateOne)"), "\(notFound.stderr)")
+
+        let incomplete = runSignctl(["--config", config, "keys", "delete", "--incomplete", "--yes"])
+        #expect(incomplete.status == 0 && incomplete.stdout.contains("no incomplete key objects"), "\(incomplete.stdout) \(incomplete.stderr)")
+        #expect(incomplete.stderr.hasPrefix("note: left alone on token \(token.label), not incomplete (a label, no CKA_ID): \(privateOne); \(publicOne)"), "\(incomplete.stderr)")
+
+        // signctl's own key under the ID first, a namesake without an ID added afterwards: delete takes signctl's objects and says what stays.
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "NOIDKEY003", files.sec1]).status == 0)
+        try addWithoutID("NOIDKEY003", privateKey: true)
+        let deleted = runSignctl(["--config", config, "keys", "delete", "NOIDKEY003", "--yes"])
+        #expect(deleted.status == 0 && deleted.stdout.contains("deleted NOIDKEY003 from token \(token.label) (2 objects)"), "\(deleted.stdout) \(deleted.stderr)")
+        #expect(deleted.stderr.hasPrefix("note: left alone on token \(token.label): an EC private key object labelled NOIDKEY003 with no CKA_ID, which signctl did not make"), "\(deleted.stderr)")
+        #expect(deleted.stderr.contains("it stops keys import of NOIDKEY003 (key_id_conflict)"), "\(deleted.stderr)")
+
+        #expect(try labelled("NOIDKEY001") == 1 && labelled("NOIDKEY002") == 1 && labelled("NOIDKEY003") == 1, "a namesake was destroyed")
+        // A complete key, not a namesake: no note.
+        #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "NOIDKEY004", files.sec1]).status == 0)
+        let plain = runSignctl(["--config", config, "keys", "delete", "NOIDKEY004", "--yes"])
+        #expect(plain.status == 0 && !plain.stderr.contains("note:"), "\(plain.stderr)")
+    }
+}
+
+@Suite("signctl keys delete: key_still_configured follows the running signerd")
+struct SignctlStillConfiguredTests {
+    /// The warning read keys[] of signctl's own signctl.json, not the
+    /// daemon's configuration: a stale file warned about a key signerd did
+    /// not serve and said nothing about one it did.
+    @Test("with signerd answering, its GET /v1/keys decides (no false alarm, no miss); with none answering, signctl's file does and the warning says so")
+    func followsTheDaemon() throws {
+        let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "XYZ987WVUT", "STALEONLY1", "STALEONLY2"])
+        try daemon.writeConfig(keys: ["ABC123DEFG", "XYZ987WVUT"])
+        try daemon.start()
+        defer { daemon.stop() }
+        // signctl's own file, out of date: the same token and socket, other keys.
+        let stale = daemon.directory + "/signctl.json"
+        try JSONSerialization.data(withJSONObject: [
+            "token_uri": daemon.tokenURI, "socket_path": daemon.socketPath,
+            "keys": ["STALEONLY1", "STALEONLY2"].map { ["key_id": $0, "bundle_ids": ["com.example.app"]] },
+        ], options: [.withoutEscapingSlashes]).write(to: URL(fileURLWithPath: stale))
+        func delete(_ keyID: String) -> (status: Int32, stdout: String, stderr: String) {
+            runProgram(Binaries.signctl, ["--config", stale, "keys", "delete", keyID, "--yes"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        }
+        let notServed = delete("STALEONLY1")
+        #expect(notServed.status == 0, "\(notServed.stderr)")
+        #expect(!notServed.stderr.contains("key_still_configured"), "signerd does not serve STALEONLY1: \(notServed.stderr)")
+        let served = delete("XYZ987WVUT")
+        #expect(served.status == 0, "\(served.stderr)")
+        #expect(served.stderr.contains("warning: key_still_configured: XYZ987WVUT is in keys[] of the running signerd (GET /v1/keys on \(daemon.socketPath)); it marks the token down"),
+                "\(served.stderr)")
+        #expect(daemon.stop() == 0)
+        let unanswered = delete("STALEONLY2")
+        #expect(unanswered.status == 0, "\(unanswered.stderr)")
+        #expect(unanswered.stderr.hasPrefix("warning: key_still_configured: STALEONLY2 is in keys[] of \(stale), signctl's configuration, read because signerd did not answer GET /v1/keys on \(daemon.socketPath) ("),
+                "\(unanswered.stderr)")
     }
 }
 

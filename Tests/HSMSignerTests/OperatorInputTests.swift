@@ -182,7 +182,8 @@ struct OperatorKeyFileTests {
     }
 
     /// OpenSSL reads the first private key and skips whatever surrounds it.
-    @Test("text around the key (after END, a certificate before it, a public key after it) reads, and is reported; an EC PARAMETERS block or a byte-order mark is not")
+    /// (What follows the key is refused: ``trailingData()``.)
+    @Test("text before the key (a certificate, a line of words) reads, and is reported; an EC PARAMETERS block or a byte-order mark is not")
     func otherText() throws {
         let files = try TestKeyFiles.make()
         let key = try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8)
@@ -192,9 +193,8 @@ struct OperatorKeyFileTests {
         let certificate = try String(contentsOfFile: directory + "/cert.pem", encoding: .utf8)
         try run(["openssl", "ecparam", "-name", "prime256v1", "-genkey", "-out", directory + "/with-params.pem"])
         let cases: [(String, Bool)] = [
-            (key + "garbage here !!!\n", true),
             (certificate + key, true),
-            (key + publicKey, true),
+            (publicKey + key, true),
             ("Key for the App Store:\n" + key, true),
             (key, false),
             ("\u{FEFF}" + key, false),
@@ -204,6 +204,60 @@ struct OperatorKeyFileTests {
             let material = try ECPrivateKeyMaterial(contentsOf: Self.write("other\(index).p8", text))
             #expect(material.hasOtherText == other, "case \(index)")
         }
+    }
+
+    /// OpenSSL's PEM reader stops at the key's END line and its DER reader
+    /// at the end of the key's structure: a .p8 with a certificate, a note
+    /// or a second copy of its Base64 after the key imported, and so did one
+    /// whose Base64 carried bytes after the PKCS#8 structure.
+    @Test("anything but blanks after the END line, or bytes after the PKCS#8 or SEC1 structure inside the Base64, is refused naming what it is and never showing it; CRLF and a trailing newline are not")
+    func trailingData() throws {
+        let files = try TestKeyFiles.make()
+        let key = try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8)
+        let sec1 = try String(contentsOfFile: files.sec1, encoding: .utf8)
+        let directory = TemporaryDirectory.make(prefix: "signerd-keyfile")
+        try run(["openssl", "req", "-x509", "-new", "-key", files.pkcs8Apple, "-subj", "/CN=x", "-days", "1", "-out", directory + "/cert.pem"])
+        let certificate = try String(contentsOfFile: directory + "/cert.pem", encoding: .utf8)
+        let body = key.split(separator: "\n").filter { !$0.hasPrefix("-----") }
+        let secondCopy = body.joined(separator: "\n") + "\n"
+        let after = "the key file goes on after its -----END PRIVATE KEY----- line: "
+        let refused: [(String, [UInt8], String)] = [
+            ("note", Array((key + "garbage here !!!\n").utf8), after + "text ("),
+            ("public-key", Array((key + files.publicKeyPEM).utf8), after + "a -----BEGIN PUBLIC KEY----- block ("),
+            ("certificate", Array((key + "\r\n" + certificate + files.publicKeyPEM).utf8), after + "2 PEM blocks (-----BEGIN CERTIFICATE-----, -----BEGIN PUBLIC KEY-----) ("),
+            ("same-line", Array((key.dropLast() + "junk\n").utf8), after + "text on the END line itself, after the marker (4 bytes"),
+            ("binary", Array(key.utf8) + [0x00, 0x1A], after + "bytes that are not text (2 bytes"),
+            ("second-copy", Array((key + secondCopy).utf8), after + "Base64 with no PEM header of its own ("),
+            ("sec1", Array((sec1 + "x\n").utf8), "the key file goes on after its -----END EC PRIVATE KEY----- line: text (1 byte,"),
+        ]
+        // Bytes after the structure inside the Base64, for PKCS#8 (Apple's form) and SEC1.
+        let appleDER = [UInt8](try #require(Data(base64Encoded: body.joined())))
+        let sec1DER = [UInt8](try run(["openssl", "ec", "-in", files.sec1, "-outform", "DER"]))
+        let inside: [(String, [UInt8], String)] = [
+            ("der-pkcs8", Array(TestKeyFiles.pem("PRIVATE KEY", appleDER + [0x00, 0x00], lineEnding: "\n").utf8),
+             "the key file's PEM block holds 2 bytes after the PKCS#8 PrivateKeyInfo structure inside its Base64"),
+            ("der-sec1", Array(TestKeyFiles.pem("EC PRIVATE KEY", sec1DER + Array("AB".utf8), lineEnding: "\r\n").utf8),
+             "the key file's PEM block holds 2 bytes after the SEC1 ECPrivateKey structure inside its Base64"),
+        ]
+        for (name, bytes, headline) in refused + inside {
+            let error = #expect(throws: CryptoError.self, "\(name)") { try ECPrivateKeyMaterial(contentsOf: Self.write(bytes: bytes, name + ".p8")) }
+            #expect(error?.code == .keyFileInvalid, "\(name)")
+            #expect(error?.message.hasPrefix(headline) == true, "\(name): \(error?.description ?? "no error")")
+            #expect(error?.message.contains("not shown") == true, "\(name): \(error?.message ?? "")")
+            // Never the bytes themselves: after a key they may be its Base64 again.
+            for line in body {
+                #expect(error?.description.contains(line) == false, "\(name): \(error?.description ?? "")")
+            }
+            #expect(error?.description.contains("garbage") == false && error?.description.contains("junk") == false, "\(name)")
+        }
+        // Line ends and blanks after the END line are no data.
+        let expected = try ECPublicKey(pem: files.publicKeyPEM)
+        for (index, text) in [key, String(key.dropLast()), key.replacingOccurrences(of: "\n", with: "\r\n") + "\r\n  \t\r\n", key + "\n\n   \n\t", sec1 + "\r\n"].enumerated() {
+            let material = try ECPrivateKeyMaterial(contentsOf: Self.write("blank\(index).p8", text))
+            #expect(material.publicKey == expected, "case \(index)")
+            #expect(!material.hasOtherText, "case \(index)")
+        }
+        #expect(try ECPrivateKeyMaterial(contentsOf: files.pkcs8AppleCRLF).publicKey == expected)
     }
 
     /// A PKCS#8 or SEC1 key whose d is n + 5 imported, and the token then
@@ -257,7 +311,7 @@ struct OperatorKeyFileTests {
 @Suite("Operator input: one key per file")
 struct OperatorKeyCountTests {
     /// The first of two keys was imported without a word.
-    @Test("a file with two PEM private keys is refused; one key with trailing text still imports")
+    @Test("a file with two PEM private keys is refused; one key alone imports")
     func twoKeys() throws {
         let first = try TestKeyFiles.make()
         let second = try TestKeyFiles.make()

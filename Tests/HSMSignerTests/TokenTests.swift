@@ -326,6 +326,58 @@ struct TokenTests {
         #expect(try hsm.publicKey(keyID: "FOREIGN002").pem == files.publicKeyPEM)
     }
 
+    /// OPERATIONS.md said a secret key under the key ID stops an import,
+    /// but the search looked at private and public key objects only: the
+    /// import went ahead beside it, and the key ID named two keys.
+    @Test("a secret key (CKO_SECRET_KEY) whose CKA_ID or label is the key ID stops the import, with or without --replace, and neither --replace nor delete destroys it")
+    func secretKeyNamesake() throws {
+        let token = try SoftHSMFixture.shared.makeToken("secret-key")
+        let hsm = try Self.open(token)
+        defer { hsm.close() }
+        let files = try TestKeyFiles.make()
+        // An AES key as another tool makes it (pkcs11-tool --keygen --key-type aes:32 --id …, or --label …).
+        func addAESKey(_ naming: Attribute) throws {
+            try hsm.withReadWriteSession { (session) throws(HSMError) in
+                let (rv, _) = hsm.functions.createObject(session, template: [
+                    Attribute(P11.classAttribute, ulong: P11.secretKeyClass), Attribute(P11.keyType, ulong: P11.aesKeyType),
+                    Attribute(P11.token, bool: true), Attribute(P11.private, bool: true), naming,
+                    Attribute(P11.value, SecureRandom.bytes(32)),
+                ])
+                #expect(rv == .ok)
+            }
+        }
+        func secretKeys() throws -> Int {
+            try hsm.withSession { (session) throws(HSMError) -> Int in
+                try hsm.find(session, [Attribute(P11.classAttribute, ulong: P11.secretKeyClass)]).count
+            }
+        }
+        for (keyID, naming) in [("SECRETID01", P11.id), ("SECRETLBL1", P11.label)] {
+            try addAESKey(Attribute(naming, Array(keyID.utf8)))
+            for replace in [false, true] {
+                let refused = #expect(throws: HSMError.self) {
+                    _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: keyID, replace: replace, allowDuplicateKey: true)
+                }
+                #expect(refused?.code == .keyIDConflict, "\(keyID), replace \(replace): \(String(describing: refused))")
+                #expect(refused?.message.contains(naming == P11.id ? "an AES secret key object on token" : "an AES secret key object labelled SECRETLBL1 with no CKA_ID") == true,
+                        "\(refused?.message ?? "")")
+            }
+            let deleted = #expect(throws: HSMError.self) { try hsm.deleteKey(keyID: keyID) }
+            #expect(deleted?.code == .keyNotFound)
+            #expect(deleted?.message.contains("signctl leaves alone an AES secret key object") == true, "\(deleted?.message ?? "")")
+        }
+        #expect(try hsm.listKeys().isEmpty, "nothing was imported beside a secret key")
+        // An EC key first, a secret key under its ID afterwards: --replace is refused, delete takes the EC objects alone.
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "SECRETID02", replace: false, allowDuplicateKey: true)
+        try addAESKey(Attribute(P11.id, Array("SECRETID02".utf8)))
+        let replaced = #expect(throws: HSMError.self) {
+            _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: files.pkcs8Apple), keyID: "SECRETID02", replace: true, allowDuplicateKey: true)
+        }
+        #expect(replaced?.code == .keyIDConflict)
+        #expect(try secretKeys() == 3)
+        #expect(try hsm.deleteKey(keyID: "SECRETID02") == 2)
+        #expect(try secretKeys() == 3, "a secret key was destroyed")
+    }
+
     @Test("a key looked up while its public key object is missing is not cached: once the object is back, the self-test passes without a reload")
     func publicKeyGapNotCached() throws {
         let token = try SoftHSMFixture.shared.makeToken("pub-gap")
