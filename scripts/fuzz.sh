@@ -15,7 +15,8 @@
 # report and exit status; copy the input into Tests/FuzzCorpus/<target> with
 # the fix, and the test suite replays it from then on.
 #   --seconds N  time per target (default 60)
-#   --asan       also AddressSanitizer (a separate build directory; slower)
+#   --asan       AddressSanitizer as well as coverage (-sanitize=fuzzer,address;
+#                a separate build directory, .build/fuzz-asan; slower)
 #   --jobs N     parallel fuzzing processes per target (default 1)
 # Needs the Swift toolchain (its compiler-rt has libFuzzer) and what
 # scripts/install-deps.sh installs; a SoftHSM token is made by the target itself.
@@ -37,12 +38,34 @@ while [ $# -gt 0 ]; do
 done
 [ ${#targets[@]} -gt 0 ] || targets=(handle preflight misc)
 
+# Sanitizers. For one, SwiftPM's --sanitize is enough. For two
+# (--sanitize=fuzzer --sanitize=address), SwiftPM hands swiftc one -sanitize=
+# flag each, in an order that changes from one run to the next, and swiftc
+# keeps only the last: a build had either coverage without AddressSanitizer
+# in the Swift code, or AddressSanitizer without coverage (libFuzzer then
+# sees 2 or 3 edges and fuzzes blind). So --asan keeps --sanitize=fuzzer
+# (SwiftPM then links libFuzzer's main instead of the replayer's) and adds
+# one combined -sanitize=fuzzer,address, which comes after SwiftPM's own
+# flag on every swiftc command line, compiling and linking, and so is the
+# one kept; clang, for the C shim, adds up its -fsanitize flags. The Swift
+# objects are checked for both kinds of calls after the build.
 scratch=$repo/.build/fuzz sanitizers=(--sanitize=fuzzer)
-if [ "$asan" = 1 ]; then scratch=$repo/.build/fuzz-asan sanitizers+=(--sanitize=address); fi
+if [ "$asan" = 1 ]; then
+  scratch=$repo/.build/fuzz-asan
+  sanitizers+=(-Xswiftc -sanitize=fuzzer,address -Xcc -fsanitize=address)
+fi
 build=(swift build -c release "${sanitizers[@]}" -Xswiftc -DSIGNERD_LIBFUZZER --product signerd-fuzz --scratch-path "$scratch")
 echo "==> ${build[*]}" >&2
 (cd "$repo" && "${build[@]}" >&2)
-fuzzer=$(cd "$repo" && swift build -c release --scratch-path "$scratch" --show-bin-path)/signerd-fuzz
+bin=$(cd "$repo" && swift build -c release --scratch-path "$scratch" --show-bin-path)
+fuzzer=$bin/signerd-fuzz
+if [ "$asan" = 1 ]; then
+  # The request path's Swift objects must call both: ASan's checks and libFuzzer's coverage hooks.
+  undefined=$(nm -u "$bin"/SignerIPC.build/*.o)
+  for hook in __asan_report_ __sanitizer_cov_; do
+    grep -q "$hook" <<<"$undefined" || { echo "error: SignerIPC was built without $hook* calls: the sanitizer flags did not reach swiftc" >&2; exit 70; }
+  done
+fi
 
 status=0
 for target in "${targets[@]}"; do
