@@ -4,6 +4,7 @@
 import Foundation
 import HSMSigner
 import SignerIPC
+import Synchronization
 import TestSupport
 
 /// A `SignerService` over a throw-away SoftHSM token, made once per process.
@@ -54,7 +55,9 @@ final class FuzzEnvironment: Sendable {
     /// says JSON (docs/API.md, "Every answer"). With `FUZZ_STRICT` set, a 500
     /// fails it too: no client input may reach the "a bug" status. With
     /// `FUZZ_DEBUG` set, each answer's status and first bytes go to stdout.
+    /// Every answer's status is counted in `statusCounts`.
     func check(_ response: HTTPResponse, statuses: Range<Int>, what: String) {
+        Self.statusCounts.withLock { $0[response.status, default: 0] += 1 }
         if debug {
             print(response.status, what, String(decoding: response.body.prefix(160), as: UTF8.self))
         }
@@ -66,6 +69,20 @@ final class FuzzEnvironment: Sendable {
         if strict && response.status == 500 {
             fatalError("\(what): 500 for client input: \(String(decoding: response.body.prefix(500), as: UTF8.self))")
         }
+    }
+
+    /// How many answers `check` has seen with each HTTP status, in this
+    /// process: the replayer prints them (`summary`), so that a replay whose
+    /// valid bodies stopped signing shows no 200.
+    static let statusCounts = Mutex<[Int: Int]>([:])
+
+    /// The line the replayer ends with after a target that checked answers:
+    /// `statuses through TARGET: 200=N 400=N …`, by status, lowest first; nil
+    /// when no answer was checked (the `misc` target makes none).
+    static func summary(target: String) -> String? {
+        let counts = statusCounts.withLock { $0 }
+        guard !counts.isEmpty else { return nil }
+        return "statuses through \(target): " + counts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
     }
 
     private let strict = ProcessInfo.processInfo.environment["FUZZ_STRICT"] != nil

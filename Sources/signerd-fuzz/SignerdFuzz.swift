@@ -48,9 +48,11 @@ enum SignerdFuzz {
                    Apple field rules, key files, command-line arguments, request bodies
 
         This build has no libFuzzer: every input in the files and directories is
-        run once, and options (words that start with '-') are ignored. Built by
-        scripts/fuzz.sh, libFuzzer runs the target and takes the options.
-        See docs/FUZZING.md.
+        run once, and options (words that start with '-') are ignored. It ends
+        with "replayed N inputs through TARGET" on stderr and, for handle and
+        preflight, "statuses through TARGET: 200=N 400=N ..." (how many answers
+        had each HTTP status). Built by scripts/fuzz.sh, libFuzzer runs the
+        target and takes the options. See docs/FUZZING.md.
 
         """
 
@@ -97,7 +99,11 @@ enum SignerdFuzz {
                 FuzzTarget.run(raw.bindMemory(to: UInt8.self).baseAddress, raw.count)
             }
         }
-        FileHandle.standardError.write(Data("replayed \(files.count) inputs through \(FuzzTarget.selected?.rawValue ?? "")\n".utf8))
+        let target = FuzzTarget.selected?.rawValue ?? ""
+        FileHandle.standardError.write(Data("replayed \(files.count) inputs through \(target)\n".utf8))
+        if let summary = FuzzEnvironment.summary(target: target) {
+            FileHandle.standardError.write(Data((summary + "\n").utf8))
+        }
     }
 }
 #endif

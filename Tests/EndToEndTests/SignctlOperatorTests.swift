@@ -20,6 +20,18 @@ func softHSMTokenDirectories(_ tokens: String) throws -> [String] {
 /// Runs `executable` with `environment` added to this process's, never throwing.
 /// - Returns: the exit status, stdout and stderr.
 func runProgram(_ executable: String, _ arguments: [String], environment extra: [String: String] = [:]) -> (status: Int32, stdout: String, stderr: String) {
+    let result = runProgram(executable, arguments, environment: extra, killAfter: nil)
+    return (result.status, result.stdout, result.stderr)
+}
+
+/// Runs `executable` as `runProgram(_:_:environment:)` does, and kills it
+/// (SIGKILL) should it still run `seconds` after its start, so that a hung
+/// program fails its test instead of hanging the suite.
+/// - Parameter seconds: the bound; nil for none.
+/// - Returns: the exit status (the signal's number when a signal ended it),
+///   stdout, stderr, and whether the bound was reached and the program killed.
+func runProgram(_ executable: String, _ arguments: [String], environment extra: [String: String] = [:],
+                killAfter seconds: Double?) -> (status: Int32, stdout: String, stderr: String, timedOut: Bool) {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: executable)
     process.arguments = arguments
@@ -28,11 +40,43 @@ func runProgram(_ executable: String, _ arguments: [String], environment extra: 
     let errors = Pipe()
     process.standardOutput = output
     process.standardError = errors
-    do { try process.run() } catch { return (-1, "", "\(error)") }
+    do { try process.run() } catch { return (-1, "", "\(error)", false) }
+    let watch = ProgramWatch(pid: process.processIdentifier)
+    if let seconds {
+        DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { watch.killUnlessFinished() }
+    }
     let out = output.fileHandleForReading.readDataToEndOfFile()
     let err = errors.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()
-    return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self))
+    let timedOut = watch.finish()
+    return (process.terminationStatus, String(decoding: out, as: UTF8.self), String(decoding: err, as: UTF8.self), timedOut)
+}
+
+/// The state `runProgram(_:_:environment:killAfter:)` shares with its timer:
+/// whether the program ended (its pid is then not signalled, as it may be
+/// another process's by then) and whether the timer killed it.
+private final class ProgramWatch: Sendable {
+    private let pid: pid_t
+    private let state = Mutex((finished: false, killed: false))
+
+    init(pid: pid_t) { self.pid = pid }
+
+    /// The timer's side: SIGKILL to a program not yet seen to end.
+    func killUnlessFinished() {
+        state.withLock { state in
+            guard !state.finished else { return }
+            kill(pid, SIGKILL)
+            state.killed = true
+        }
+    }
+
+    /// The runner's side, once the program has ended; returns whether the timer killed it.
+    func finish() -> Bool {
+        state.withLock { state in
+            state.finished = true
+            return state.killed
+        }
+    }
 }
 
 /// A SoftHSM token directory of its own, with one free slot, for `signctl token init`.
