@@ -37,7 +37,8 @@ struct JSONReader {
         /// `Double` holds when read inexactly): its text as an error names
         /// it, and where it sits.
         var inexact: (text: String, path: String)?
-        /// The first member name given twice in one object, and its path.
+        /// The first member name given twice in one object (the one whose
+        /// second name comes first in the text), and its path.
         var repeated: (name: String, path: String)?
         /// The first number beyond what a `Double` holds (`1e309`, an
         /// integer of 310 digits): its text (shortened past 200
@@ -74,7 +75,8 @@ struct JSONReader {
     /// string only when a problem is recorded.
     private var steps: [JSONStep] = []
     private var inexact: (text: String, path: String)?
-    private var repeated: (name: String, path: String)?
+    /// With the byte offset of the repeat's name: see ``readObject()``.
+    private var repeated: (name: String, path: String, offset: Int)?
     private var beyondDouble: (text: String, path: String)?
 
     private init(_ text: UnsafeBufferPointer<UInt8>, exactNumbers: Bool) {
@@ -92,7 +94,7 @@ struct JSONReader {
         guard index == text.count else {
             throw Syntax(reason: "\(describe(at: index)) at byte \(index) follows the JSON value; the text must hold one value only")
         }
-        return Document(value: value, inexact: inexact, repeated: repeated, beyondDouble: beyondDouble)
+        return Document(value: value, inexact: inexact, repeated: repeated.map { ($0.name, $0.path) }, beyondDouble: beyondDouble)
     }
 
     /// Skips RFC 8259's four whitespace bytes.
@@ -138,6 +140,7 @@ struct JSONReader {
                 if text[index] == UInt8(ascii: "}") { throw Self.trailingComma }
                 throw unexpected(expecting: "a member name in double quotes")
             }
+            let nameOffset = index
             let name = try readString()
             skipWhitespace()
             guard index < text.count else { throw endOfText(expecting: "a colon after the member name") }
@@ -147,8 +150,11 @@ struct JSONReader {
             steps.append(.member(name))
             let value = try readValue()
             steps.removeLast()
-            if members.updateValue(value, forKey: name) != nil, repeated == nil {
-                repeated = (name, path(appending: name))
+            // A repeat is found once its value has been read, so one inside
+            // that value was found first; this name stands before it in the
+            // text and takes its place (at most once per enclosing level).
+            if members.updateValue(value, forKey: name) != nil, repeated.map({ nameOffset < $0.offset }) ?? true {
+                repeated = (name, path(appending: name), nameOffset)
             }
             if try readSeparator(closedBy: UInt8(ascii: "}"), after: "member's value") { return .object(members) }
         }

@@ -195,6 +195,26 @@ struct JSONReaderTests {
         #expect(text.value == .string("\u{FEFF}x\u{0000}😀\u{2063}"))
     }
 
+    /// The repeat is found when its value has been read, which puts a repeat
+    /// inside that value first unless the reader orders them by where the
+    /// names stand: `{"a":1,"a":{"b":1,"b":2}}` was answered with `a.b`.
+    @Test("the repeat named is the first in the text, also when the repeated member's value repeats a name of its own", arguments: [
+        (#"{"a":1,"a":{"b":1,"b":2}}"#, "a", "a"),
+        (#"{"x":[{"k":1,"k":{"z":1,"z":2}}]}"#, "k", "x[0].k"),
+        (#"{"a":{"b":1,"b":2},"a":1}"#, "b", "a.b"),
+        (#"{"a":1,"b":1,"a":[{"c":{"d":0,"d":0}}],"b":2}"#, "a", "a"),
+        (#"{"o":{"p":1,"p":{"q":{"r":1,"r":2},"q":1}}}"#, "p", "o.p"),
+    ])
+    func firstRepeatInTheText(text: String, name: String, path: String) throws {
+        let bytes = Array(text.utf8)
+        let document = try JSONReader.read(bytes, exactNumbers: true)
+        #expect(document.repeated?.name == name && document.repeated?.path == path, "\(text): \(String(describing: document.repeated))")
+        // The scan that checks the configuration file names the same member.
+        #expect(FieldReader.repeatedMember(in: bytes)?.path == path)
+        let error = #expect(throws: APIError.self) { _ = try FieldReader(json: bytes, allowed: ["a", "b", "o", "x"]) }
+        #expect(error?.code == .invalidJSON && error?.field == path, "\(text): \(error?.message ?? "accepted")")
+    }
+
     /// A fuzzing round found a body shape whose check grew faster than its
     /// size: many numbers under objects nested 30 deep behind long member
     /// names, for each of which a path of every step was hashed twice. The
