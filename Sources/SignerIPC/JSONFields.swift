@@ -303,9 +303,10 @@ public struct FieldReader {
     private var consumed: [String] = []
     /// A prefix for field names in errors (`generate_offers[2].`).
     private let path: String
-    /// The request's text, for quoting a number as it was sent; nil for a
-    /// reader of a nested object.
-    private var body: [UInt8]?
+    /// How each top-level member read into a ``JSONValue/number(_:)`` was
+    /// written (``JSONReader/Document/topLevelNumbers``), for quoting it as
+    /// it was sent; empty for a reader of a nested object.
+    private var numberTexts: [String: String] = [:]
 
     /// Parses `body` as one JSON object whose members must all be in `allowed`.
     ///
@@ -383,7 +384,7 @@ public struct FieldReader {
             throw error
         }
         self.init(checked: members, path: "")  // unknown members were refused above
-        self.body = body
+        numberTexts = document.topLevelNumbers
     }
 
     /// How an error names the value of member `name`: ``JSONValue/kind``,
@@ -391,24 +392,10 @@ public struct FieldReader {
     /// was sent (`1.796091280327E12`), not as the `Double` it was read into
     /// (`1796091280327.0`, which nobody sent).
     private func described(_ value: JSONValue, _ name: String) -> String {
-        guard case .number = value, let body, let text = Self.numberText(in: body, at: path + name) else { return value.kind }
+        // The reader kept the text of the top object's members only, and this
+        // is the top object's reader exactly when `path` is empty.
+        guard case .number = value, path.isEmpty, let text = numberTexts[name] else { return value.kind }
         return "a number written with a fraction or an exponent (\(text))"
-    }
-
-    /// The text of the number at `wanted` (`timestamp`), as sent, shortened
-    /// past 40 characters; nil when there is none. Read on an error's path only.
-    static func numberText(in body: [UInt8], at wanted: String) -> String? {
-        var position = ScanPosition()
-        var found: String?
-        JSONText.scanMemberNames(in: body) { event, raw in
-            _ = position.follow(event, raw)
-            // The whole path costs the depth to build: only for a number whose innermost step fits.
-            guard case .number = event, position.mayBeAt(wanted), position.valuePath == wanted else { return true }
-            let text = String(decoding: raw, as: UTF8.self)
-            found = text.count > 40 ? String(text.prefix(40)) + "…" : text
-            return false
-        }
-        return found
     }
 
     /// The first member name that appears twice in the same object anywhere
@@ -664,21 +651,6 @@ struct ScanPosition {
         let path = Self.path(of: frames.dropLast())
         return path.isEmpty ? name : "\(path).\(name)"
     }
-
-    /// Whether the value being read may sit at `path`: its innermost step
-    /// ends `path`. A test in constant time before ``valuePath``, which
-    /// costs the nesting depth to build.
-    func mayBeAt(_ path: String) -> Bool {
-        switch frames.last {
-        case .object(_, let current)?: path.hasSuffix(current ?? "")
-        case .array(let index)?: path.utf8.last == UInt8(ascii: "]") && path.hasSuffix("[\(index)]")
-        case nil: path.isEmpty
-        }
-    }
-
-    /// The path of the value being read, as the API names fields
-    /// (`request.items[0].price`; empty for the whole body).
-    var valuePath: String { Self.path(of: frames[...]) }
 
     private static func path(of frames: ArraySlice<Frame>) -> String {
         var path = ""

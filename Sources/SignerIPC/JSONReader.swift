@@ -44,6 +44,11 @@ struct JSONReader {
         /// integer of 310 digits): its text (shortened past 200
         /// characters) and where it sits.
         var beyondDouble: (text: String, path: String)?
+        /// How each member of the top object that was read into a
+        /// ``JSONValue/number(_:)`` was written (`1.796091280327E12`),
+        /// shortened past 40 characters, by member name: for an error that
+        /// quotes such a value as it was sent, not as the `Double` it became.
+        var topLevelNumbers: [String: String] = [:]
     }
 
     /// Reads `text` as one JSON value, scalars included.
@@ -78,6 +83,7 @@ struct JSONReader {
     /// With the byte offset of the repeat's name: see ``readObject()``.
     private var repeated: (name: String, path: String, offset: Int)?
     private var beyondDouble: (text: String, path: String)?
+    private var topLevelNumbers: [String: String] = [:]
 
     private init(_ text: UnsafeBufferPointer<UInt8>, exactNumbers: Bool) {
         self.text = text
@@ -94,7 +100,8 @@ struct JSONReader {
         guard index == text.count else {
             throw Syntax(reason: "\(describe(at: index)) at byte \(index) follows the JSON value; the text must hold one value only")
         }
-        return Document(value: value, inexact: inexact, repeated: repeated.map { ($0.name, $0.path) }, beyondDouble: beyondDouble)
+        return Document(value: value, inexact: inexact, repeated: repeated.map { ($0.name, $0.path) }, beyondDouble: beyondDouble,
+                        topLevelNumbers: topLevelNumbers)
     }
 
     /// Skips RFC 8259's four whitespace bytes.
@@ -373,8 +380,12 @@ struct JSONReader {
             if beyondDouble == nil { beyondDouble = (JSONText.shortened(literal), path) }
             return .integer(0)
         }
-        if fractional { return .number(nearest) }
-        guard exactNumbers else { return .number(nearest) }
+        if fractional || !exactNumbers {
+            if depth == 1, steps.count == 1, case .member(let name) = steps[0] {
+                topLevelNumbers[name] = literal.utf8.count > 40 ? String(literal.prefix(40)) + "…" : literal
+            }
+            return .number(nearest)
+        }
         if inexact == nil {
             // The integer as sent while it is short enough to read in a message.
             let digits = literal.utf8.count - (negative ? 1 : 0)
