@@ -139,9 +139,12 @@ package enum JSONText {
     }
 
     /// `text` cut to 200 characters, followed by "…" and how many were left out.
+    /// Counted in Unicode scalars: one `Character` can hold any number of
+    /// combining marks (`"e"` and 30,000 U+0301 are one).
     package static func shortened(_ text: String) -> String {
-        guard text.count > 200 else { return text }
-        return "\(text.prefix(200))… (\(text.count - 200) more characters)"
+        let scalars = text.unicodeScalars
+        guard scalars.count > 200 else { return text }
+        return "\(String(String.UnicodeScalarView(scalars.prefix(200))))… (\(scalars.count - 200) more characters)"
     }
 
     /// `body` with each U+FEFF written as raw UTF-8 inside a string replaced

@@ -187,7 +187,7 @@ public enum JSONValue: Sendable, Equatable, Codable {
     /// `invalid_field` for a number at `path` that signerd would not sign
     /// exactly, quoting it as `text`.
     static func inexact(_ text: String, path: String) -> APIError {
-        var error = APIError(.invalidField, "\(path.isEmpty ? "the value" : path) is \(text), beyond the numbers signerd signs exactly: integers from -9223372036854775808 to 9223372036854775807, written without a fraction or exponent", field: path.isEmpty ? nil : path)
+        var error = APIError(.invalidField, "\(path.isEmpty ? "the value" : JSONText.shortened(path)) is \(text), beyond the numbers signerd signs exactly: integers from -9223372036854775808 to 9223372036854775807, written without a fraction or exponent", field: path.isEmpty ? nil : path)
         error.numberSent = text
         return error
     }
@@ -373,11 +373,12 @@ public struct FieldReader {
             throw JSONValue.inexact(inexact.text, path: inexact.path)
         }
         if let member = document.repeated {
-            let place = member.path == member.name ? "" : " (\(member.path))"
-            throw APIError(.invalidJSON, "the member \"\(member.name)\" appears more than once in one object\(place); send each field once (which value to sign would be ambiguous)", field: member.path)
+            // Names and paths come from the body: a message quotes 200 characters of each, `field` the whole path.
+            let place = member.path == member.name ? "" : " (\(JSONText.shortened(member.path)))"
+            throw APIError(.invalidJSON, "the member \"\(JSONText.shortened(member.name))\" appears more than once in one object\(place); send each field once (which value to sign would be ambiguous)", field: member.path)
         }
         if let number = document.beyondDouble {
-            let place = number.path.isEmpty ? "the value" : number.path
+            let place = number.path.isEmpty ? "the value" : JSONText.shortened(number.path)
             var error = APIError(.invalidField, "\(place) is \(number.text), beyond any number signerd reads (a JSON number must fit a 64-bit double, at most about 1.8e308 in size; "
                                  + "a number that is signed must be an integer from -9223372036854775808 to 9223372036854775807)", field: number.path.isEmpty ? nil : number.path)
             error.numberSent = number.text
@@ -461,10 +462,11 @@ public struct FieldReader {
     }
 
     /// `unknown_field` for member `name` of the object at `path`, listing
-    /// the `fields` it may carry.
+    /// the `fields` it may carry. The message quotes 200 characters of the
+    /// name (a 60,000-character one is not sent back in it); `field` holds it whole.
     private static func unknownField(_ name: String, path: String, fields: [String]) -> APIError {
         let owner = path.isEmpty ? "this request" : String(path.dropLast())
-        return APIError(.unknownField, "\(path)\(name) is not a field of \(owner) (fields are: \(fields.joined(separator: ", "))); check the spelling (snake_case)", field: path + name)
+        return APIError(.unknownField, "\(path)\(JSONText.shortened(name)) is not a field of \(owner) (fields are: \(fields.joined(separator: ", "))); check the spelling (snake_case)", field: path + name)
     }
 
     /// Refuses unknown members in the objects of the array member `name`,

@@ -237,6 +237,36 @@ struct JSONReaderTests {
         #expect(error?.message == "bundle_id must be a string; got a number written with a fraction or an exponent (1.50)")
     }
 
+    /// Member names come from the body, and an error message quoted them
+    /// whole: a 60,000-character unknown name came back twice, in
+    /// `message` and in `field`. A message quotes 200 characters (Unicode
+    /// scalars: one combining-mark Character is as long as the body);
+    /// `field` keeps the whole name or path, to say which member it is.
+    @Test("a message quotes at most 200 characters of a member name or path from the body; field holds it whole", arguments: [
+        String(repeating: "x", count: 60_000),
+        "e" + String(repeating: "\u{301}", count: 30_000),
+    ])
+    func longNamesInMessages(long: String) throws {
+        let quoted = String(String.UnicodeScalarView(long.unicodeScalars.prefix(200))) + "… (\(long.unicodeScalars.count - 200) more characters)"
+        func refused(_ text: String, allowed: Set<String> = ["a"]) -> APIError? {
+            #expect(throws: APIError.self) { _ = try FieldReader(json: Array(text.utf8), allowed: allowed) }
+        }
+        let unknown = refused("{\"\(long)\":1}")
+        #expect(unknown?.code == .unknownField && unknown?.field == long)
+        #expect(unknown?.message.hasPrefix("\(quoted) is not a field of this request") == true)
+        let entry = #expect(throws: APIError.self) { try OffersRequest(body: Array("{\"bundle_id\":\"a\",\"generate_offers\":[{\"\(long)\":1}]}".utf8)) }
+        #expect(entry?.code == .unknownField && entry?.field == "generate_offers[0].\(long)")
+        #expect(entry?.message.hasPrefix("generate_offers[0].\(quoted) is not a field of generate_offers[0]") == true)
+        let repeated = refused("{\"a\":{\"\(long)\":1,\"\(long)\":2}}")
+        #expect(repeated?.code == .invalidJSON && repeated?.field == "a.\(long)")
+        let path = String(String.UnicodeScalarView(("a." + long).unicodeScalars.prefix(200))) + "… (\(long.unicodeScalars.count + 2 - 200) more characters)"
+        #expect(repeated?.message.hasPrefix("the member \"\(quoted)\" appears more than once in one object (\(path));") == true)
+        for problem in [refused("{\"a\":{\"\(long)\":99999999999999999999}}"), refused("{\"a\":{\"\(long)\":1e999}}"), repeated] {
+            #expect(problem?.field == "a.\(long)")
+            #expect((problem?.message.unicodeScalars.count ?? .max) < 700, "\(problem?.message.unicodeScalars.count ?? 0) scalars")
+        }
+    }
+
     /// A fuzzing round found a body shape whose check grew faster than its
     /// size: many numbers under objects nested 30 deep behind long member
     /// names, for each of which a path of every step was hashed twice. The
