@@ -33,9 +33,9 @@ struct JSONReader {
         /// The value. A number that could not be read exactly stands as
         /// `.integer(0)` where its problem is recorded below.
         var value: JSONValue
-        /// The first integer outside `Int64` (or the first number no
-        /// `Double` holds when read inexactly): its text as an error names
-        /// it, and where it sits.
+        /// The first integer outside `Int64` when numbers are read exactly
+        /// (never otherwise), short of one beyond a `Double` (that one is
+        /// ``beyondDouble``): its text as an error names it, and where it sits.
         var inexact: (text: String, path: String)?
         /// The first member name given twice in one object (the one whose
         /// second name comes first in the text), and its path.
