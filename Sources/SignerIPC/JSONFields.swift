@@ -202,14 +202,7 @@ public enum JSONValue: Sendable, Equatable, Codable {
         // value would cost the depth times the names' length for each.
         var steps: [JSONStep] = []
         guard firstFractionalNumber(below: &steps) else { return nil }
-        var found = path
-        for step in steps {
-            switch step {
-            case .member(let key): found += found.isEmpty ? key : ".\(key)"
-            case .element(let index): found += "[\(index)]"
-            }
-        }
-        return found
+        return JSONStep.path(steps, after: path)
     }
 
     /// Whether the value holds a number with a fraction or exponent; if so,
@@ -604,6 +597,19 @@ public struct FieldReader {
 enum JSONStep {
     case member(String)
     case element(Int)
+
+    /// The path `steps` lead to from `prefix`, as the API names fields
+    /// (`request.items[0].price`; the bare name at the top).
+    static func path(_ steps: [JSONStep], after prefix: String = "") -> String {
+        var path = prefix
+        for step in steps {
+            switch step {
+            case .member(let name): path += path.isEmpty ? name : ".\(name)"
+            case .element(let index): path += "[\(index)]"
+            }
+        }
+        return path
+    }
 }
 
 /// Where a walk of ``JSONText/scanMemberNames(in:_:)`` stands: one frame per

@@ -406,23 +406,12 @@ struct JSONReader {
 
     /// The path of the value being read, as the API names fields
     /// (`request.items[0].price`; empty for the top value).
-    private var path: String { Self.path(of: steps) }
+    private var path: String { JSONStep.path(steps) }
 
     /// The path of member `name` of the object being read.
     private func path(appending name: String) -> String {
         let outer = path
         return outer.isEmpty ? name : "\(outer).\(name)"
-    }
-
-    private static func path(of steps: [JSONStep]) -> String {
-        var path = ""
-        for step in steps {
-            switch step {
-            case .member(let name): path += path.isEmpty ? name : ".\(name)"
-            case .element(let index): path += "[\(index)]"
-            }
-        }
-        return path
     }
 
     private func endOfText(expecting what: String) -> Syntax {
