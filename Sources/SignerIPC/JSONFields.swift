@@ -243,6 +243,9 @@ public enum JSONValue: Sendable, Equatable, Codable {
         case .null: "null"
         case .bool: "a boolean"
         case .integer: "a number"
+        // Integral and beyond Int64: sent as a long integer or with an exponent; which, the Double no longer says.
+        case .number(let value) where value.rounded() == value && value.magnitude >= 0x1p63:
+            "a number that is not a 64-bit integer (\(value))"
         case .number(let value): "a number written with a fraction or an exponent (\(value))"
         case .string: "a string"
         case .array: "an array"
@@ -382,14 +385,20 @@ public struct FieldReader {
     }
 
     /// How an error names the value of member `name`: ``JSONValue/kind``,
-    /// except that a number with a fraction or an exponent is quoted as it
-    /// was sent (`1.796091280327E12`), not as the `Double` it was read into
+    /// except that a number read as a `Double` (a fraction, an exponent, or
+    /// an integer beyond `Int64`) is quoted as it was sent
+    /// (`1.796091280327E12`), not as the `Double` it was read into
     /// (`1796091280327.0`, which nobody sent).
     private func described(_ value: JSONValue, _ name: String) -> String {
         // The reader kept the text of the top object's members only, and this
         // is the top object's reader exactly when `path` is empty.
         guard case .number = value, path.isEmpty, let text = numberTexts[name] else { return value.kind }
-        return "a number written with a fraction or an exponent (\(text))"
+        if text.utf8.contains(where: { $0 == UInt8(ascii: ".") || $0 | 0x20 == UInt8(ascii: "e") }) {
+            return "a number written with a fraction or an exponent (\(text))"
+        }
+        // Read as a Double where exact integers were not asked for; a text
+        // the reader shortened may have had its exponent cut off.
+        return text.hasSuffix("…") ? "a number that is not a 64-bit integer (\(text))" : "an integer beyond 64 bits (\(text))"
     }
 
     /// The first member name that appears twice in the same object anywhere

@@ -137,8 +137,10 @@ struct JSONReader {
 
     private mutating func readObject() throws(Syntax) -> JSONValue {
         if try readOpening(closedBy: UInt8(ascii: "}")) { return .object([:]) }
-        // Room for a request's members without growing (each growth rehashes every key).
-        var members = [String: JSONValue](minimumCapacity: 8)
+        // Room for a request's members without growing (each growth rehashes
+        // every key), for the top-level object only: a body of many small
+        // nested objects would otherwise hold 8 slots for each of them.
+        var members = depth == 1 ? [String: JSONValue](minimumCapacity: 8) : [:]
         while true {
             skipWhitespace()
             guard index < text.count else { throw endOfText(expecting: "a member name") }

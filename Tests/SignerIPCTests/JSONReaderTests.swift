@@ -237,6 +237,28 @@ struct JSONReaderTests {
         #expect(error?.message == "bundle_id must be a string; got a number written with a fraction or an exponent (1.50)")
     }
 
+    /// `/v1/offers` reads its numbers as Doubles (none is signed), so an
+    /// integer beyond Int64 arrives as one; it was once described as "a
+    /// number written with a fraction or an exponent", which the caller did
+    /// not send.
+    @Test("an integer beyond Int64 where exact integers are not asked for is named as such, not as a fraction")
+    func integerBeyondInt64Wording() throws {
+        let top = #expect(throws: APIError.self) {
+            try OffersRequest(body: Array(#"{"bundle_id":18446744073709551616,"generate_offers":[{"offer_id":"a","product_id":"b"}]}"#.utf8))
+        }
+        #expect(top?.message == "bundle_id must be a string; got an integer beyond 64 bits (18446744073709551616)", "\(top?.message ?? "")")
+        let long = String(repeating: "9", count: 60)
+        let shortened = #expect(throws: APIError.self) {
+            try OffersRequest(body: Array(#"{"bundle_id":\#(long)e2,"generate_offers":[{"offer_id":"a","product_id":"b"}]}"#.utf8))
+        }
+        #expect(shortened?.message == "bundle_id must be a string; got a number that is not a 64-bit integer (\(long.prefix(40))…)", "\(shortened?.message ?? "")")
+        let request = try OffersRequest(body: Array(#"{"bundle_id":"com.example","generate_offers":[{"offer_id":1e30,"product_id":"b"},{"offer_id":2.5,"product_id":"b"}]}"#.utf8))
+        #expect(request.generateOffers.map { $0.problem?.message ?? "" } == [
+            "generate_offers[0].offer_id must be a string; got a number that is not a 64-bit integer (1e+30)",
+            "generate_offers[1].offer_id must be a string; got a number written with a fraction or an exponent (2.5)",
+        ])
+    }
+
     /// Member names come from the body, and an error message quoted them
     /// whole: a 60,000-character unknown name came back twice, in
     /// `message` and in `field`. A message quotes 200 characters (Unicode
