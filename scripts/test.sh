@@ -18,6 +18,6 @@ if grep -rqs --include='*.swift' '^import XCTest' Tests; then xctest=; fi
 # a recovery test's C_Finalize/C_Initialize (CKR_DEVICE_ERROR, a vanished
 # key) would pull it from under a suite running beside it (SIGSEGV inside
 # libsofthsm2, seen once in a parallel run). signerd itself opens one token
-# per process. Slower than a parallel run (about 4½ minutes of tests
+# per process. Slower than a parallel run (about 6 minutes of tests
 # on a 2-core machine), and it does not crash.
 swift test --skip-build --no-parallel $xctest "$@"

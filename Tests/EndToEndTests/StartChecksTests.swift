@@ -238,6 +238,10 @@ struct CheckConfigTests {
         #expect(symlink(chain, base + "/L1") == 0)
         let long = base + "/L1/L2/libsofthsm2.so"
         #expect(realpath(long, nil) == nil && errno == ENAMETOOLONG, "the kernel resolves it, realpath(3) cannot")
+        defer {
+            // FileManager gave up on this tree without a word, leaving a token and its PIN in /tmp.
+            #expect(TemporaryDirectory.removeTree(base) && access(base, F_OK) != 0, "the tree deeper than PATH_MAX is removed")
+        }
         // Walked link by link, the directories past PATH_MAX cannot be checked at all.
         for (modulePath, says) in [(long, "cannot be checked (File name too long)"),
                                    ("../../../../../../../.." + base + "/L1/L2/libsofthsm2.so", "climbs out of p11-kit's module directory")] {

@@ -78,11 +78,42 @@ public enum TemporaryDirectory {
     private static let made = Mutex<[String]>([])
     private static let cleanup: Void = {
         atexit {
-            for path in TemporaryDirectory.made.withLock({ $0 }) {
-                try? FileManager.default.removeItem(atPath: path)
+            for path in TemporaryDirectory.made.withLock({ $0 }) where !TemporaryDirectory.removeTree(path) {
+                // Said, not swallowed: what is left holds a throw-away PIN.
+                FileHandle.standardError.write(Data("warning: could not remove the test directory \(path): \(String(cString: strerror(errno)))\n".utf8))
             }
         }
     }()
+
+    /// Removes `path` and everything below it, one directory at a time
+    /// through descriptors (`openat`, `unlinkat`), so that a tree deeper than
+    /// PATH_MAX (a test builds one) goes too: FileManager's `removeItem`
+    /// works with whole paths and gave up on it without a word. Symbolic
+    /// links are removed, never followed. A missing `path` counts as removed.
+    /// - Returns: false when something could not be removed (`errno` says why).
+    @discardableResult
+    public static func removeTree(_ path: String) -> Bool {
+        let parent = open((path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard parent >= 0 else { return errno == ENOENT }
+        defer { close(parent) }
+        return removeEntry(parent, (path as NSString).lastPathComponent)
+    }
+
+    private static func removeEntry(_ directory: Int32, _ name: String) -> Bool {
+        if unlinkat(directory, name, 0) == 0 || errno == ENOENT { return true }
+        guard errno == EISDIR || errno == EPERM else { return false }  // Linux answers EISDIR for a directory
+        let fd = openat(directory, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        guard fd >= 0, let listing = fdopendir(fd) else { return false }
+        var names: [String] = []
+        while let entry = readdir(listing) {
+            let entryName = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            if entryName != ".", entryName != ".." { names.append(entryName) }
+        }
+        var removed = true
+        for entryName in names where !removeEntry(dirfd(listing), entryName) { removed = false }
+        closedir(listing)  // closes fd
+        return removed && unlinkat(directory, name, AT_REMOVEDIR) == 0
+    }
 
     /// Paths for the directory checks: `open`, a directory others may write
     /// (0777, no sticky bit) in a fresh temporary one; `inner`, a 0700
