@@ -326,26 +326,22 @@ public struct SignerConfiguration: Sendable, Equatable {
         if bytes.allSatisfy({ [0x20, 0x09, 0x0a, 0x0d].contains($0) }) {
             return "the file is empty; it must hold one JSON object, e.g. {\"token_uri\": \"pkcs11:…\"}"
         }
-        let parsed: Any
-        do throws(JSONText.Problem) {
-            parsed = try JSONText.parse(bytes, fragmentsAllowed: true).value
+        if let problem = JSONText.notUTF8(bytes) {
+            return "the file is not UTF-8 JSON text (\(problem)); save it as UTF-8 without a byte-order mark (RFC 8259 §8.1)"
+        }
+        // The reader FieldReader refused it with, read again for the file's own words.
+        let document: JSONReader.Document
+        do throws(JSONReader.Syntax) {
+            document = try JSONReader.read(bytes, exactNumbers: false)  // a top-level number is named by its kind only
         } catch {
-            switch error {
-            case .notUTF8(let problem):
-                return "the file is not UTF-8 JSON text (\(problem)); save it as UTF-8 without a byte-order mark (RFC 8259 §8.1)"
-            case .notJSON(let reason):
-                // Foundation says where, e.g. "Invalid value around character 2."
-                let detail = reason?.trimmingCharacters(in: CharacterSet(charactersIn: ". "))
-                return "the file is not valid JSON (RFC 8259)\(detail.map { ": \($0)" } ?? ""); it must hold one JSON object"
-            }
+            return "the file is not valid JSON (RFC 8259): \(error.reason); it must hold one JSON object"
         }
-        guard parsed is [String: Any] else {
-            // Its kind only: read inexactly, so that no number is "a value".
-            return "the file holds \((try? JSONValue(foundation: parsed, path: "", exact: false))?.kind ?? "a value") where one JSON object is expected"
+        guard case .object = document.value else {
+            return "the file holds \(document.value.kind) where one JSON object is expected"
         }
-        if let member = FieldReader.repeatedMember(in: bytes) {
-            let place = member.path == member.name ? "" : " (\(member.path))"
-            return "the key \"\(member.name)\" appears more than once in one object\(place); give each key once (only the last would count)"
+        if let member = document.repeated {
+            let place = member.path == member.name ? "" : " (\(JSONText.shortened(member.path)))"
+            return "the key \"\(JSONText.shortened(member.name))\" appears more than once in one object\(place); give each key once (only the last would count)"
         }
         return "the file is not one JSON object signerd can read"
     }

@@ -401,36 +401,6 @@ public struct FieldReader {
         return text.hasSuffix("…") ? "a number that is not a 64-bit integer (\(text))" : "an integer beyond 64 bits (\(text))"
     }
 
-    /// The first member name that appears twice in the same object anywhere
-    /// in `body`, or nil, for the error message. RFC 8259 §4 leaves
-    /// repeated names to the parser, and Foundation's keeps the last value,
-    /// so `{"offer_id":"a","offer_id":"b"}` would be signed for `b` without
-    /// a word. Names are compared after their escapes are decoded, as Swift
-    /// strings (as the parser's dictionary compares them). Stays in bounds
-    /// on any input.
-    static func repeatedMemberName(in body: [UInt8]) -> String? {
-        repeatedMember(in: body)?.name
-    }
-
-    /// As ``repeatedMemberName(in:)``, with the member's path as the API
-    /// names fields (`generate_offers[0].offer_id`; the bare name at the top).
-    static func repeatedMember(in body: [UInt8]) -> (name: String, path: String)? {
-        var position = ScanPosition()
-        var repeated: (name: String, path: String)?
-        JSONText.scanMemberNames(in: body) { event, raw in
-            guard let name = position.follow(event, raw), !name.fresh else { return true }
-            repeated = (name.name, position.path(to: name.name))
-            return false
-        }
-        return repeated
-    }
-
-    /// A JSON string's content with its escapes decoded (by JSONSerialization).
-    fileprivate static func decodedString(_ raw: ArraySlice<UInt8>) -> String {
-        let literal = JSONText.escapingByteOrderMarks([UInt8(ascii: "\"")] + raw + [UInt8(ascii: "\"")])
-        return (try? JSONSerialization.jsonObject(with: Data(literal), options: .fragmentsAllowed) as? String) ?? String(decoding: raw, as: UTF8.self)
-    }
-
     /// Reads an object nested in another request.
     /// - Parameters:
     ///   - members: the object's members.
@@ -615,66 +585,6 @@ enum JSONStep {
             switch step {
             case .member(let name): path += path.isEmpty ? name : ".\(name)"
             case .element(let index): path += "[\(index)]"
-            }
-        }
-        return path
-    }
-}
-
-/// Where a walk of ``JSONText/scanMemberNames(in:_:)`` stands: one frame per
-/// open container, innermost last.
-struct ScanPosition {
-    private enum Frame {
-        /// An object: its member names so far and the member being read.
-        case object(names: Set<String>, current: String?)
-        /// An array: the element being read.
-        case array(index: Int)
-    }
-
-    private var frames: [Frame] = []
-
-    /// Follows one event of the walk.
-    /// - Returns: for a member name, the name (escapes decoded) and whether
-    ///   it is new in its object; nil for any other event.
-    mutating func follow(_ event: JSONText.ScanEvent, _ raw: ArraySlice<UInt8>) -> (name: String, fresh: Bool)? {
-        switch event {
-        case .objectStart:
-            frames.append(.object(names: [], current: nil))
-        case .arrayStart:
-            frames.append(.array(index: 0))
-        case .objectEnd, .arrayEnd:
-            if !frames.isEmpty { frames.removeLast() }
-        case .trailingComma, .number:
-            break  // a trailing comma is refused by JSONText.parse before any name is compared
-        case .nextElement:
-            if case .array(let index)? = frames.last { frames[frames.count - 1] = .array(index: index + 1) }
-        case .name(let escaped):
-            guard case .object(var names, _)? = frames.last else { return nil }
-            // Taken out of the stack first, so that `names` is the set's only
-            // owner and the insert does not copy it: a copy per name made an
-            // object of n names cost n² (a fuzzing round).
-            frames.removeLast()
-            let name = escaped ? FieldReader.decodedString(raw) : String(decoding: raw, as: UTF8.self)
-            let fresh = names.insert(name).inserted
-            frames.append(.object(names: names, current: name))
-            return (name, fresh)
-        }
-        return nil
-    }
-
-    /// The path of member `name` of the innermost object as the API names
-    /// fields (`generate_offers[0].offer_id`; the bare name at the top).
-    func path(to name: String) -> String {
-        let path = Self.path(of: frames.dropLast())
-        return path.isEmpty ? name : "\(path).\(name)"
-    }
-
-    private static func path(of frames: ArraySlice<Frame>) -> String {
-        var path = ""
-        for frame in frames {
-            switch frame {
-            case .object(_, let current): path += path.isEmpty ? (current ?? "") : ".\(current ?? "")"
-            case .array(let index): path += "[\(index)]"
             }
         }
         return path

@@ -20,9 +20,9 @@ struct RepeatedMemberTests {
         (#"{"offer_id":"x","\u006fffer_id":"y"}"#, "offer_id", "offer_id"),
         (#"{"bundle_id":"a","bundle_id":"a"}"#, "bundle_id", "bundle_id"),
     ])
-    func repeated(body: String, name: String, path: String) {
-        #expect(FieldReader.repeatedMemberName(in: Array(body.utf8)) == name)
-        #expect(FieldReader.repeatedMember(in: Array(body.utf8))?.path == path)
+    func repeated(body: String, name: String, path: String) throws {
+        let repeated = try JSONReader.read(Array(body.utf8), exactNumbers: true).repeated
+        #expect(repeated?.name == name && repeated?.path == path, "\(String(describing: repeated))")
         do {
             _ = try FieldReader(json: Array(body.utf8), allowed: Self.allowed)
             Issue.record("accepted \(body)")
@@ -41,16 +41,16 @@ struct RepeatedMemberTests {
         #"{"request":["offer_id","offer_id"],"offer_id":"x"}"#,
         #"{"a":{"x":1},"b":{"x":1}}"#,
     ])
-    func notRepeated(body: String) {
-        #expect(FieldReader.repeatedMemberName(in: Array(body.utf8)) == nil)
+    func notRepeated(body: String) throws {
+        #expect(try JSONReader.read(Array(body.utf8), exactNumbers: true).repeated == nil)
     }
 
-    @Test("stays in bounds on input the parser would refuse")
+    @Test("text that ends inside a repeated member is refused as JSON, not read up to the repeat")
     func malformed() {
-        for body in [#"{"a"#, #"{"a\"#, "}}]]", #"{"a":"#, #"[{"a":1,"a"#, "\""] {
-            _ = FieldReader.repeatedMemberName(in: Array(body.utf8))
+        for body in [#"{"a"#, #"{"a\"#, "}}]]", #"{"a":"#, #"[{"a":1,"a"#, "\"", #"{"a":1,"a"#] {
+            let error = #expect(throws: APIError.self) { _ = try FieldReader(json: Array(body.utf8), allowed: ["a"]) }
+            #expect(error?.code == .invalidJSON && error?.message.contains("not valid JSON") == true, "\(body): \(error?.message ?? "accepted")")
         }
-        #expect(FieldReader.repeatedMemberName(in: Array(#"{"a":1,"a"#.utf8)) == "a")
     }
 
     @Test("the count of names in the text matches the parsed members exactly when no name repeats", arguments: [
