@@ -339,9 +339,8 @@ public struct SignerConfiguration: Sendable, Equatable {
         guard case .object = document.value else {
             return "the file holds \(document.value.kind) where one JSON object is expected"
         }
-        if let member = document.repeated {
-            let place = member.path == member.name ? "" : " (\(JSONText.shortened(member.path)))"
-            return "the key \"\(JSONText.shortened(member.name))\" appears more than once in one object\(place); give each key once (only the last would count)"
+        if let words = document.repeatedInWords {
+            return "the key \(words); give each key once (only the last would count)"
         }
         return "the file is not one JSON object signerd can read"
     }

@@ -368,10 +368,9 @@ public struct FieldReader {
         if let inexact = document.inexact {
             throw JSONValue.inexact(inexact.text, path: inexact.path)
         }
-        if let member = document.repeated {
-            // Names and paths come from the body: a message quotes 200 characters of each, `field` the whole path.
-            let place = member.path == member.name ? "" : " (\(JSONText.shortened(member.path)))"
-            throw APIError(.invalidJSON, "the member \"\(JSONText.shortened(member.name))\" appears more than once in one object\(place); send each field once (which value to sign would be ambiguous)", field: member.path)
+        if let member = document.repeated, let words = document.repeatedInWords {
+            // `field` holds the whole path; the message quotes 200 characters of it.
+            throw APIError(.invalidJSON, "the member \(words); send each field once (which value to sign would be ambiguous)", field: member.path)
         }
         if let number = document.beyondDouble {
             let place = number.path.isEmpty ? "the value" : JSONText.shortened(number.path)

@@ -40,6 +40,15 @@ struct JSONReader {
         /// The first member name given twice in one object (the one whose
         /// second name comes first in the text), and its path.
         var repeated: (name: String, path: String)?
+        /// ``repeated`` in words for an error message, quoting 200
+        /// characters of the name and of the path (they come from the text):
+        /// `"offer_id" appears more than once in one object (generate_offers[0].offer_id)`,
+        /// the path left out when it is the bare name.
+        var repeatedInWords: String? {
+            guard let repeated else { return nil }
+            let place = repeated.path == repeated.name ? "" : " (\(JSONText.shortened(repeated.path)))"
+            return "\"\(JSONText.shortened(repeated.name))\" appears more than once in one object\(place)"
+        }
         /// The first number beyond what a `Double` holds (`1e309`, an
         /// integer of 310 digits): its text (shortened past 200
         /// characters) and where it sits.
