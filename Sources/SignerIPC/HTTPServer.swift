@@ -663,7 +663,8 @@ public final class HTTPServer: @unchecked Sendable {
               strftime_l(&text, text.count, "%a, %d %b %Y %H:%M:%S GMT", &parts, posix) > 0 else {
             return "Thu, 01 Jan 1970 00:00:00 GMT"
         }
-        return String(cString: text)
+        // strftime_l wrote a NUL-terminated string into `text` (checked above).
+        return text.withUnsafeBufferPointer { String(cString: $0.baseAddress!) }
     }
 
     /// The POSIX locale, for ``httpDate(_:)``; made once, never freed.
