@@ -577,16 +577,40 @@ enum JSONStep {
     case element(Int)
 
     /// The path `steps` lead to from `prefix`, as the API names fields
-    /// (`request.items[0].price`; the bare name at the top).
+    /// (`request.items[0].price`; the bare name at the top). A member name
+    /// that is not a plain name (see ``appending(_:to:)``) is written as a
+    /// JSON string in brackets (`request["a.b"]`, `request[""]`), so that
+    /// `{"a":{"b":1},"a.b":2.0}` names `request["a.b"]`, not `request.a.b`.
     static func path(_ steps: [JSONStep], after prefix: String = "") -> String {
         var path = prefix
         for step in steps {
             switch step {
-            case .member(let name): path += path.isEmpty ? name : ".\(name)"
+            case .member(let name): appending(name, to: &path)
             case .element(let index): path += "[\(index)]"
             }
         }
         return path
+    }
+
+    /// Appends member `name` to `path`: `.name` (bare at the top) when the
+    /// name is plain (1 or more of `A-Z a-z 0-9 _ -`, as every field of the
+    /// API is), else `["…"]` with the name as a JSON string (RFC 8259 §7
+    /// escapes), which no plain name can be mistaken for.
+    static func appending(_ name: String, to path: inout String) {
+        let plain = !name.isEmpty && name.utf8.allSatisfy { byte in
+            switch byte {
+            case UInt8(ascii: "a")...UInt8(ascii: "z"), UInt8(ascii: "A")...UInt8(ascii: "Z"),
+                 UInt8(ascii: "0")...UInt8(ascii: "9"), UInt8(ascii: "_"), UInt8(ascii: "-"): true
+            default: false
+            }
+        }
+        guard !plain else {
+            path += path.isEmpty ? name : ".\(name)"
+            return
+        }
+        path += "["
+        Logger.appendJSONString(name, to: &path)
+        path += "]"
     }
 }
 

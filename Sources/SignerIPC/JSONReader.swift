@@ -421,8 +421,9 @@ struct JSONReader {
 
     /// The path of member `name` of the object being read.
     private func path(appending name: String) -> String {
-        let outer = path
-        return outer.isEmpty ? name : "\(outer).\(name)"
+        var outer = path
+        JSONStep.appending(name, to: &outer)
+        return outer
     }
 
     private func endOfText(expecting what: String) -> Syntax {

@@ -274,6 +274,10 @@ struct FieldReaderTests {
         (#"{"p":9007199254740993.0}"#, "request.p"),
         (#"{"p":0.30000000000000004}"#, "request.p"),
         (#"{"p":4.99}"#, "request.p"),
+        // Found by an attack run: `request.a.b` also named the integer in "a".
+        (#"{"a":{"b":1},"a.b":2.0}"#, #"request["a.b"]"#),
+        (#"{"":1.0}"#, #"request[""]"#),
+        (#"{"é ü":[1e2]}"#, #"request["é ü"][0]"#),
     ])
     func advancedCommerceNumbers(request: String, field: String) {
         let body = Array(#"{"bundle_id":"com.example.app","request":\#(request)}"#.utf8)

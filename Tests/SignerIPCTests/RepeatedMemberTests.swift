@@ -19,6 +19,11 @@ struct RepeatedMemberTests {
         (#"{"request":{"list":[{"c":1},{"c":1,"c":2}]}}"#, "c", "request.list[1].c"),
         (#"{"offer_id":"x","\u006fffer_id":"y"}"#, "offer_id", "offer_id"),
         (#"{"bundle_id":"a","bundle_id":"a"}"#, "bundle_id", "bundle_id"),
+        // A name that is not plain is written as a JSON string in brackets,
+        // so it cannot be read as a path of its own (found by an attack run).
+        (#"{"request":{"a":{"b":1},"a.b":1,"a.b":2}}"#, "a.b", #"request["a.b"]"#),
+        (#"{"request":{"x":[{"":1,"":2}]}}"#, "", #"request.x[0][""]"#),
+        (#"{"request":{"q\"":{"k":1,"k":2}}}"#, "k", #"request["q\""].k"#),
     ])
     func repeated(body: String, name: String, path: String) throws {
         let repeated = try JSONReader.read(Array(body.utf8), exactNumbers: true).repeated
@@ -276,7 +281,8 @@ struct LeadingByteOrderMarkTests {
             Issue.record("a repeated name was accepted")
         } catch {
             #expect(error.code == .invalidJSON)
-            #expect(error.field == "request.\(Self.mark)k")
+            // Not a plain name: written in brackets, so the mark shows where it is.
+            #expect(error.field == "request[\"\(Self.mark)k\"]")
         }
     }
 
