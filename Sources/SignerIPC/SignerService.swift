@@ -172,7 +172,8 @@ public final class SignerService: HTTPHandler, Sendable {
                 return respond(.failure(APIError(.unsupportedMediaType, "the request has \(contentTypes.count) Content-Type headers (\(contentTypes.joined(separator: " and "))); send one: application/json")))
             }
             guard let contentType = contentTypes.first, Self.isJSON(contentType) else {
-                return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(contentTypes.first ?? "none")")))
+                let sent = contentTypes.first.map { $0.allSatisfy(\.isWhitespace) ? "an empty Content-Type" : $0 } ?? "none"
+                return respond(.failure(APIError(.unsupportedMediaType, "send the body as Content-Type: application/json (UTF-8); got \(sent)")))
             }
             // JSON between systems is UTF-8 (RFC 8259 §8.1), and signerd reads
             // nothing else: a body declared otherwise would be read as UTF-8.

@@ -62,6 +62,17 @@ struct ContentTypeCharsetTests {
         #expect(verified, "the signature verifies with the daemon's public key")
     }
 
+    /// Sends `request` and then `GET /healthz` (closing) on one new
+    /// connection to `daemon`; returns everything it answered, as text.
+    static func thenHealth(_ daemon: InProcessDaemon, _ request: String) throws -> String {
+        let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
+        defer { connection.close() }
+        try connection.write(Array((request + "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").utf8))
+        var received: [UInt8] = []
+        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
+        return String(decoding: received, as: UTF8.self)
+    }
+
     /// Only the first of two Content-Type headers was read: a second one
     /// declaring UTF-16 was signed as UTF-8, and the other order got 415.
     @Test("two Content-Type headers, in either order or the same twice, get 415 naming both (a single-valued header); the connection keeps serving")
@@ -71,15 +82,23 @@ struct ContentTypeCharsetTests {
         let body = #"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#
         let pairs = [("application/json", "application/json; charset=utf-16"), ("application/json; charset=utf-16", "application/json"), ("application/json", "application/json")]
         for (first, second) in pairs {
-            let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
-            defer { connection.close() }
-            let request = "POST /v1/sign/promotional-offer HTTP/1.1\r\nHost: x\r\nContent-Type: \(first)\r\nContent-Type: \(second)\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)"
-            try connection.write(Array((request + "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").utf8))
-            var received: [UInt8] = []
-            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-            let text = String(decoding: received, as: UTF8.self)
+            let text = try Self.thenHealth(daemon, "POST /v1/sign/promotional-offer HTTP/1.1\r\nHost: x\r\nContent-Type: \(first)\r\nContent-Type: \(second)\r\nContent-Length: \(body.utf8.count)\r\n\r\n\(body)")
             #expect(text.hasPrefix("HTTP/1.1 415"), "\(first) + \(second): \(text)")
             #expect(text.contains("unsupported_media_type") && text.contains("2 Content-Type headers (\(first) and \(second))"), "\(text)")
+            #expect(text.contains("HTTP/1.1 200") && text.contains(#""status":"ok""#), "the next request on the connection is served: \(text)")
+        }
+    }
+
+    /// Found by an attack run: an empty header got "…; got " with nothing after it.
+    @Test("a missing or empty Content-Type gets 415 saying which; the connection keeps serving")
+    func missingOrEmptyContentType() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        let body = #"{"bundle_id":"\#(daemon.bundleID)","product_id":"p","offer_id":"o"}"#
+        for (header, said) in [("", "got none"), ("Content-Type:\r\n", "got an empty Content-Type"), ("Content-Type:   \r\n", "got an empty Content-Type")] {
+            let text = try Self.thenHealth(daemon, "POST /v1/sign/promotional-offer HTTP/1.1\r\nHost: x\r\n\(header)Content-Length: \(body.utf8.count)\r\n\r\n\(body)")
+            #expect(text.hasPrefix("HTTP/1.1 415"), "\(header.debugDescription): \(text)")
+            #expect(text.contains("unsupported_media_type") && text.contains("application/json (UTF-8); \(said)\""), "\(text)")
             #expect(text.contains("HTTP/1.1 200") && text.contains(#""status":"ok""#), "the next request on the connection is served: \(text)")
         }
     }
