@@ -361,9 +361,7 @@ struct BadInputTests {
         let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
         defer { connection.close() }
         try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: \(sign.utf8.count)\r\nContent-Length: \(sign.utf8.count)\r\n\r\n\(sign)".utf8))
-        var received: [UInt8] = []
-        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-        #expect(daemon.verifies(rawResponse: String(decoding: received, as: UTF8.self)))
+        #expect(daemon.verifies(rawResponse: connection.readUntilClosed()))
         try expectServing(daemon)
     }
 
@@ -378,9 +376,7 @@ struct BadInputTests {
             defer { connection.close() }
             let headers = codings.map { "Content-Encoding: \($0)\r\n" }.joined() + (closing ? "Connection: close\r\n" : "")
             try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\(headers)Content-Length: \(sign.utf8.count)\r\n\r\n\(sign)\(next)".utf8))
-            var received: [UInt8] = []
-            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-            return String(decoding: received, as: UTF8.self)
+            return connection.readUntilClosed()
         }
         for (codings, refused) in [(["gzip"], "gzip"), (["identity", "br"], "br"), (["identity, deflate"], "deflate")] {
             // The body is read and thrown away: a request pipelined after it is answered on the same connection.
@@ -406,9 +402,7 @@ struct BadInputTests {
             defer { connection.close() }
             let filler = String(repeating: "a", count: headerValueBytes)
             try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-Filler: \(filler)\r\nConnection: close\r\nContent-Length: \(sign.utf8.count)\r\n\r\n\(sign)".utf8))
-            var received: [UInt8] = []
-            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-            return String(decoding: received, as: UTF8.self)
+            return connection.readUntilClosed()
         }
         // The head is about 150 bytes plus the filler.
         for size in [8 * 1024, 12_000] {
@@ -429,9 +423,7 @@ struct BadInputTests {
             let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
             defer { connection.close() }
             try? connection.write(Array("GET /healthz HTTP/1.1\r\nHost: x\r\nX-Pad: \(String(repeating: "a", count: size))\r\n\r\n".utf8))
-            var received: [UInt8] = []
-            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-            if !String(decoding: received, as: UTF8.self).hasPrefix("HTTP/1.1 431") { unanswered.append(size) }
+            if !connection.readUntilClosed().hasPrefix("HTTP/1.1 431") { unanswered.append(size) }
         }
         #expect(unanswered.isEmpty, "header sizes without a 431: \(unanswered)")
         // Many small headers: libmicrohttpd's per-header bookkeeping filled its pool, so a
@@ -441,9 +433,7 @@ struct BadInputTests {
             defer { connection.close() }
             let headers = (0..<count).map { "X-\($0): " + String(repeating: "v", count: valueBytes) + "\r\n" }.joined()
             try connection.write(Array("POST \(Self.offer) HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\(headers)Connection: close\r\nContent-Length: \(sign.utf8.count)\r\n\r\n\(sign)".utf8))
-            var received: [UInt8] = []
-            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-            return String(decoding: received, as: UTF8.self)
+            return connection.readUntilClosed()
         }
         // Sizes from the attack run that got no answer: now a 431, from signerd or (when the
         // pool is full before signerd sees the head) from libmicrohttpd; never a lost signature.
@@ -458,9 +448,8 @@ struct BadInputTests {
         let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
         defer { connection.close() }
         try connection.write(Array("GET /healthz?q=\(String(repeating: "a", count: 9000)) HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".utf8))
-        var received: [UInt8] = []
-        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-        #expect(String(decoding: received, as: UTF8.self).hasPrefix("HTTP/1.1 431"), "\(String(decoding: received.prefix(200), as: UTF8.self))")
+        let answer = connection.readUntilClosed()
+        #expect(answer.hasPrefix("HTTP/1.1 431"), "\(answer.prefix(200))")
         try expectServing(daemon)
     }
 
@@ -481,9 +470,7 @@ struct BadInputTests {
             let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
             defer { connection.close() }
             try? connection.write(Array(request.utf8))
-            var received: [UInt8] = []
-            while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-            return String(decoding: received, as: UTF8.self)
+            return connection.readUntilClosed()
         }
         let head = "POST /v1/sign/promotional-offer-v2 HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
         let before = try signCalls()

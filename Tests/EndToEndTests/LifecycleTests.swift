@@ -277,9 +277,7 @@ struct LifecycleTests {
         daemon.send(SIGTERM)
         usleep(500_000)
         try connection.write(Array(json.dropFirst(10)))
-        var received: [UInt8] = []
-        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-        let text = String(decoding: received, as: UTF8.self)
+        let text = connection.readUntilClosed()
         #expect(text.hasPrefix("HTTP/1.1 200"), "\(text)")
         let body = try #require(text.range(of: "\r\n\r\n").map { Array(text[$0.upperBound...].utf8) })
         let offer = try JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(body))

@@ -45,9 +45,7 @@ struct ConnectionLimitTests {
     func firstAnswer(_ path: String) throws -> String {
         let connection = try UnixConnection.connect(path: path, timeout: 0.5)
         defer { connection.close() }
-        var received: [UInt8] = []
-        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-        return String(decoding: received, as: UTF8.self)
+        return connection.readUntilClosed()
     }
 
     /// Another process (python3, this uid) that holds `count` connections to
@@ -139,9 +137,7 @@ struct ConnectionLimitTests {
             #expect(server.waitForRequestsInProgress(seconds: 5), "round \(round)")
             server.stop()
             for client in clients {
-                var received: [UInt8] = []
-                while (try? client.read(appendingTo: &received)) ?? 0 > 0 {}
-                let answer = String(decoding: received, as: UTF8.self)
+                let answer = client.readUntilClosed()
                 #expect(answer.hasPrefix("HTTP/1.1 200"), "round \(round): \(answer)")
                 #expect(answer.lowercased().contains("connection: close"), "round \(round): \(answer)")
             }

@@ -68,9 +68,7 @@ struct ContentTypeCharsetTests {
         let connection = try UnixConnection.connect(path: daemon.socketPath, timeout: 5)
         defer { connection.close() }
         try connection.write(Array((request + "GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").utf8))
-        var received: [UInt8] = []
-        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-        return String(decoding: received, as: UTF8.self)
+        return connection.readUntilClosed()
     }
 
     /// Only the first of two Content-Type headers was read: a second one

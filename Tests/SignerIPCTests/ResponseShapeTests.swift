@@ -154,9 +154,7 @@ struct ResponseShapeTests {
         defer { connection.close() }
         let hidden = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
         try connection.write(Array("POST /nope HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: \(hidden.utf8.count)\r\n\r\n\(hidden)".utf8))
-        var received: [UInt8] = []
-        while (try? connection.read(appendingTo: &received)) ?? 0 > 0 {}
-        let text = String(decoding: received, as: UTF8.self)
+        let text = connection.readUntilClosed()
         #expect(text.hasPrefix("HTTP/1.1 404"), "\(text)")
         #expect(text.components(separatedBy: "HTTP/1.1 ").count == 2, "the body was not answered as a request: \(text)")
     }

@@ -238,3 +238,14 @@ public func poll(seconds: Double, _ condition: () -> Bool) -> Bool {
     }
     return true
 }
+
+extension UnixConnection {
+    /// Everything the peer sends until it closes the connection (or a read
+    /// fails or times out), decoded as UTF-8: for tests that write raw
+    /// requests and read every answer on the connection.
+    public func readUntilClosed() -> String {
+        var received: [UInt8] = []
+        while (try? read(appendingTo: &received)) ?? 0 > 0 {}
+        return String(decoding: received, as: UTF8.self)
+    }
+}
