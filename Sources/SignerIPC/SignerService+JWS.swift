@@ -24,7 +24,7 @@ extension SignerService {
         let keyID: String?
         switch route {
         case .promotionalOfferV2:
-            let fields = try PromotionalOfferV2Request(body: request.body)
+            let fields = try read(request) { () throws(APIError) in try PromotionalOfferV2Request(body: request.body) }
             try checked { () throws(FieldError) in
                 try AppleFields.checkIdentifier(fields.productID, field: "product_id")
                 try AppleFields.checkIdentifier(fields.offerID, field: "offer_id")
@@ -35,7 +35,7 @@ extension SignerService {
                       "offerIdentifier": .string(fields.offerID)]
             if let transactionID = fields.transactionID { claims["transactionId"] = .string(transactionID) }
         case .introductoryOfferEligibility:
-            let fields = try IntroductoryOfferEligibilityRequest(body: request.body)
+            let fields = try read(request) { () throws(APIError) in try IntroductoryOfferEligibilityRequest(body: request.body) }
             try checked { () throws(FieldError) in
                 try AppleFields.checkIdentifier(fields.productID, field: "product_id")
                 try AppleFields.checkTransactionID(fields.transactionID)
@@ -44,12 +44,16 @@ extension SignerService {
             claims = ["aud": .string(JWSAudience.introductoryOfferEligibility), "productId": .string(fields.productID),
                       "allowIntroductoryOffer": .bool(fields.allowIntroductoryOffer), "transactionId": .string(fields.transactionID)]
         case .advancedCommerceRequest:
-            let fields = try AdvancedCommerceSigningRequest(body: request.body)
-            (bundleID, keyID) = (fields.bundleID, fields.keyID)
-            let json = JSONValue.object(fields.request).compactJSON
-            claims = ["aud": .string(JWSAudience.advancedCommerce), "request": .string(Data(json.utf8).base64EncodedString())]
+            // Only the Base64 leaves the slot: the values read (about 20 × the
+            // body's size) are released before the request waits for the token.
+            let encoded: String
+            (bundleID, keyID, encoded) = try read(request) { () throws(APIError) in
+                let fields = try AdvancedCommerceSigningRequest(body: request.body)
+                return (fields.bundleID, fields.keyID, Data(JSONValue.object(fields.request).compactJSON.utf8).base64EncodedString())
+            }
+            claims = ["aud": .string(JWSAudience.advancedCommerce), "request": .string(encoded)]
         case .serverAPIToken:
-            let fields = try ServerAPITokenRequest(body: request.body)
+            let fields = try read(request) { () throws(APIError) in try ServerAPITokenRequest(body: request.body) }
             return try serverAPIToken(fields, request.peer, config, now: now)
         default:
             throw APIError(.notFound, "\(route.rawValue) is not a JWS endpoint")

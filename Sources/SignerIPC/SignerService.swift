@@ -65,6 +65,8 @@ public final class SignerService: HTTPHandler, Sendable {
     private let signTimeoutSeconds: Double
     /// The start of the recovery step last logged as `recovery_stuck`: once per step.
     private let stuckRecoveryLogged = Locked<UInt64>(0)
+    /// Large bodies are read a few at a time (their values take about 20 × the body's size).
+    let bodyReading = BodyReadingGate.forThisHost()
 
     /// Makes the service.
     /// - Parameters:
@@ -373,6 +375,13 @@ public final class SignerService: HTTPHandler, Sendable {
         RequestDeadline.$current.withValue(request.receivedAt + UInt64(signTimeoutSeconds * 1e9)) { route(request) }
     }
 
+    /// Reads `request`'s body with `read` under ``bodyReading``: a large
+    /// body waits for a slot until the request's deadline.
+    /// - Throws: what `read` throws; 503 when the deadline passed first.
+    func read<R>(_ request: HTTPRequest, _ read: () throws(APIError) -> R) throws(APIError) -> R {
+        try bodyReading.run(bodyBytes: request.body.count, deadline: RequestDeadline.current, read)
+    }
+
     /// ``handle(_:)`` under the request's ``RequestDeadline``.
     private func route(_ request: HTTPRequest) -> HTTPResponse {
         guard let route = Route(path: request.path) else {
@@ -673,7 +682,7 @@ public final class SignerService: HTTPHandler, Sendable {
 
     /// `POST /v1/sign/promotional-offer`.
     func signPromotionalOffer(_ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> PromotionalOfferResponse {
-        let fields = try PromotionalOfferRequest(body: request.body)
+        let fields = try read(request) { () throws(APIError) in try PromotionalOfferRequest(body: request.body) }
         let now = AppleFields.nowMilliseconds()
         let payload: PromotionalOfferPayload
         do {
@@ -741,7 +750,7 @@ public final class SignerService: HTTPHandler, Sendable {
     /// unknown member in any entry) or an unavailable HSM fails the whole
     /// request.
     func signOffers(_ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> OffersResponse {
-        let fields = try OffersRequest(body: request.body)
+        let fields = try read(request) { () throws(APIError) in try OffersRequest(body: request.body) }
         var token = ""
         do {
             try AppleFields.checkIdentifier(fields.bundleID, field: "bundle_id")

@@ -129,6 +129,44 @@ struct JWSTests {
         #expect(String(decoding: decoded, as: UTF8.self).contains("0f3a-é"), "UTF-8, not escaped")
     }
 
+    /// Bodies over 4 KiB are read a few at a time (`BodyReadingGate`), and
+    /// the request object is kept only as its Base64 while the request
+    /// waits for the token: each of several sent at once must still be
+    /// signed exactly as sent.
+    @Test("large Advanced Commerce requests sent at once are each signed exactly as sent")
+    func largeAdvancedCommerceRequestsAtOnce() throws {
+        let clients = 6
+        let results = Locked<[Int: Result<(sent: NSDictionary, jws: String), any Error>]>([:])
+        let done = DispatchGroup()
+        for index in 0..<clients {
+            done.enter()
+            OSThread.start {
+                defer { done.leave() }
+                let items = (0..<800).map { ["SKU": "sku.\(index).\($0)", "price": 1000 + $0] as [String: Any] }
+                let request: [String: Any] = ["operation": "CREATE_SUBSCRIPTION", "version": "1", "items": items]
+                let outcome = Result { () throws -> (sent: NSDictionary, jws: String) in
+                    let body = try JSONSerialization.data(withJSONObject: ["bundle_id": "com.example.app", "request": request])
+                    guard body.count > 4096 * 4 else { throw CocoaError(.coderInvalidValue) }  // well over the threshold
+                    let response = try daemon.client().send("POST", "/v1/sign/advanced-commerce-request", body: Array(body))
+                    guard response.status == 200 else { throw CocoaError(.coderReadCorrupt, userInfo: ["body": String(decoding: response.body, as: UTF8.self)]) }
+                    return (request as NSDictionary, try response.decode(JWSResponse.self).jws)
+                }
+                results.withLock { $0[index] = outcome }
+            }
+        }
+        #expect(done.wait(timeout: .now() + 120) == .success)
+        let collected = results.withLock { $0 }
+        #expect(collected.count == clients)
+        for (_, outcome) in collected.sorted(by: { $0.key < $1.key }) {
+            let (sent, token) = try outcome.get()
+            let jws = try decodeAndVerify(token)
+            let encoded = try #require(jws.claims["request"] as? String)
+            let decoded = try #require(Data(base64Encoded: encoded), "standard Base64")
+            let signed = try #require(try JSONSerialization.jsonObject(with: decoded) as? NSDictionary)
+            #expect(signed == sent)
+        }
+    }
+
     /// Foundation's JSON parser drops a U+FEFF written as raw UTF-8 at the
     /// start of a string (it decodes each string as if it were a file with
     /// a byte-order mark), so `"\u{FEFF}abc"` was signed as `abc`.
