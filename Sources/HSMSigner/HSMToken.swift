@@ -696,7 +696,8 @@ public final class HSMToken: @unchecked Sendable {
         do {
             // Sessions reset while this request waited: the token went down
             // (recovery) or sessions died; only in the second case look again.
-            return try pool.checkout(deadline: deadline) { () throws(HSMError) in try checkUp() }
+            // In line by the request's own deadline: in the order requests arrived.
+            return try pool.checkout(deadline: deadline, priority: RequestDeadline.current) { () throws(HSMError) in try checkUp() }
         } catch {
             var error = error
             error.tokenLabel = label

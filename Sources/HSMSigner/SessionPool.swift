@@ -31,12 +31,18 @@ final class SessionLease: Sendable {
 /// A bounded pool of PKCS#11 sessions on one token.
 ///
 /// PKCS#11 sessions are not for concurrent use, so each is leased to one
-/// thread at a time. ``checkout(deadline:)`` reuses an idle session, opens a
+/// thread at a time. ``checkout(deadline:priority:afterReset:)`` reuses an idle session, opens a
 /// new one while fewer than ``capacity`` exist, and otherwise waits for a
 /// return until the deadline instead of failing at once. Waiters are served
-/// first come first served: a returned session (or a freed place) is handed
-/// to the longest waiter and only that thread is woken, so with many more
-/// connections than sessions no request is overtaken again and again.
+/// earliest request deadline first, and first come first served among equal
+/// ones: a returned session (or a freed place) is handed to the first waiter
+/// and only that thread is woken, so with many more connections than
+/// sessions no request is overtaken again and again. Every request has the
+/// same time to be answered (`sign_timeout_ms`), so requests are served in
+/// the order they arrived, not the order they asked for a session: the
+/// later offers of a `/v1/offers` batch go before requests that arrived
+/// after the batch, and an overloaded daemon finishes the batches it can
+/// instead of taking every one to its deadline together.
 final class SessionPool: @unchecked Sendable {
     /// What a waiter is handed.
     private enum Grant {
@@ -46,10 +52,13 @@ final class SessionPool: @unchecked Sendable {
         case retry
     }
 
-    /// A thread waiting in ``checkout(deadline:)``.
+    /// A thread waiting in ``checkout(deadline:priority:afterReset:)``.
     private final class Waiter {
         let condition = ConditionLock.Condition()
         var grant: Grant?
+        /// Its place in line: the earlier, the sooner it is served.
+        let priority: UInt64
+        init(priority: UInt64) { self.priority = priority }
     }
 
     // All mutable fields are guarded by `lock`.
@@ -69,7 +78,7 @@ final class SessionPool: @unchecked Sendable {
     /// Set by ``freezeIfIdle()`` for a module reinitialization: no lease is
     /// granted until ``unfreeze()``.
     private var frozen = false
-    /// Oldest first.
+    /// In the order they are served: by `priority`, then oldest first.
     private var waiters: [Waiter] = []
     private var generation: UInt64 = 0
     private var epoch: UInt64 = 0
@@ -134,18 +143,24 @@ final class SessionPool: @unchecked Sendable {
 
     /// Leases a session, waiting until `deadline` (``MonotonicClock``
     /// nanoseconds) when all are in use.
-    /// - Parameter afterReset: called, without the pool's lock, when the
-    ///   pool was reset while this caller waited, before it looks again: it
-    ///   throws to give up (the token went down, and a fresh session would
-    ///   be opened into the module that failed).
+    /// - Parameters:
+    ///   - deadline: when to stop waiting.
+    ///   - priority: the caller's place in line, in ``MonotonicClock``
+    ///     nanoseconds: the deadline of the request it serves
+    ///     (``RequestDeadline/current``); nil takes `deadline`. Earlier is served first.
+    ///   - afterReset: called, without the pool's lock, when the
+    ///     pool was reset while this caller waited, before it looks again: it
+    ///     throws to give up (the token went down, and a fresh session would
+    ///     be opened into the module that failed).
     /// - Throws: ``HSMError/Code/sessionUnavailable`` on timeout; the
     ///   `C_OpenSession` failure when opening one fails; what `afterReset` throws.
-    func checkout(deadline: UInt64, afterReset: () throws(HSMError) -> Void = {}) throws(HSMError) -> SessionLease {
+    func checkout(deadline: UInt64, priority: UInt64? = nil, afterReset: () throws(HSMError) -> Void = {}) throws(HSMError) -> SessionLease {
+        let priority = priority ?? deadline
         // A grant is counted in `outstanding` by whoever makes it.
-        var next: Grant? = lock.withLock { waitForGrant(deadline: deadline) }
+        var next: Grant? = lock.withLock { waitForGrant(deadline: deadline, priority: priority) }
         while case .retry? = next {
             try afterReset()
-            next = lock.withLock { waitForGrant(deadline: deadline) }
+            next = lock.withLock { waitForGrant(deadline: deadline, priority: priority) }
         }
         switch next {
         case .retry?:
@@ -172,10 +187,10 @@ final class SessionPool: @unchecked Sendable {
         }
     }
 
-    /// The grant ``checkout(deadline:)`` gets (lock held): an idle session,
-    /// a free place, or what a returning session or freed place hands it
-    /// while it waits; nil at the deadline.
-    private func waitForGrant(deadline: UInt64) -> Grant? {
+    /// The grant ``checkout(deadline:priority:afterReset:)`` gets (lock
+    /// held): an idle session, a free place, or what a returning session or
+    /// freed place hands it while it waits in line at `priority`; nil at the deadline.
+    private func waitForGrant(deadline: UInt64, priority: UInt64) -> Grant? {
         while true {
             // The module is being finalized and initialized again: no session
             // of it may be used (the token is down meanwhile, so this is short).
@@ -189,8 +204,10 @@ final class SessionPool: @unchecked Sendable {
                 outstanding += 1
                 return .openNew(generation, epoch, slot)
             }
-            let waiter = Waiter()
-            waiters.append(waiter)
+            let waiter = Waiter(priority: priority)
+            // Behind every waiter of the same or an earlier priority (looked
+            // for from the back: a request that just arrived goes last).
+            waiters.insert(waiter, at: (waiters.lastIndex { $0.priority <= priority } ?? -1) + 1)
             while waiter.grant == nil {
                 if !lock.wait(on: waiter.condition, untilMonotonic: deadline) && MonotonicClock.now() >= deadline {
                     break

@@ -77,7 +77,7 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// gids whose members may call.
     public var allowedGIDs: [UInt32] = []
     /// PKCS#11 sessions open at once: the most signatures in progress at
-    /// once; further requests wait for a session, first come first served.
+    /// once; further requests wait for a session in the order they arrived.
     /// Default twice the online CPUs, at most 8 (a software token like
     /// SoftHSM signs on the host's CPUs; a network HSM may want more).
     public var sessionPoolSize = min(8, 2 * max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN))))

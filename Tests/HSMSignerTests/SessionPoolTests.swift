@@ -53,6 +53,42 @@ struct SessionPoolTests {
         }
     }
 
+    /// 1,000 `/v1/offers` batches sent at once all reached their deadline
+    /// together (an attack round found it): each offer queued for a session
+    /// behind offers of batches that arrived later, so every batch was half
+    /// done when time ran out. Waiters now line up by their request's deadline.
+    @Test("waiters are served earliest request deadline first, and in arrival order among equal deadlines")
+    func earliestDeadlineFirst() throws {
+        let ledger = SessionLedger()
+        let pool = ledger.pool(capacity: 1)
+        let held = try pool.checkout(deadline: MonotonicClock.deadline(after: 10))
+        let base = MonotonicClock.now() + 60_000_000_000
+        // Arrival order 0…5; priorities put 3 first, then 1 and 4 (equal, in arrival order), then 0, 5, 2.
+        let priorities: [UInt64] = [base + 3, base + 2, base + 9, base, base + 2, base + 4]
+        let order = Mutex<[Int]>([])
+        let done = DispatchGroup()
+        for (index, priority) in priorities.enumerated() {
+            done.enter()
+            OSThread.start {
+                defer { done.leave() }
+                guard let lease = try? pool.checkout(deadline: MonotonicClock.deadline(after: 20), priority: priority) else {
+                    order.withLock { $0.append(-1) }
+                    return
+                }
+                order.withLock { $0.append(index) }
+                pool.checkin(lease)
+            }
+            #expect(poll(seconds: 5) { pool.usage.waiting == index + 1 }, "waiter \(index) did not queue")
+        }
+        pool.checkin(held)
+        #expect(done.wait(timeout: .now() + 20) == .success)
+        #expect(order.withLock { $0 } == [3, 1, 4, 0, 5, 2])
+        // No priority given: the checkout's own deadline stands for it.
+        let plain = try pool.checkout(deadline: MonotonicClock.deadline(after: 1))
+        pool.checkin(plain)
+        #expect(pool.usage.inUse == 0 && pool.usage.waiting == 0)
+    }
+
     /// The supervisor found a call overdue, and the call returned before it
     /// quarantined the lease: the quarantine took a second place off the
     /// pool's count (in use -1), and the pool then opened more sessions
