@@ -2,6 +2,7 @@
 #include "CSignerShim.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <time.h>
@@ -58,6 +59,10 @@ int CSignerShim_disable_core_dumps(void) {
         return -1;
     }
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+}
+
+int CSignerShim_malloc_thresholds(int mmap_threshold, int trim_threshold) {
+    return mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 && mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1 ? 0 : -1;
 }
 
 static const int held_signals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};

@@ -21,9 +21,23 @@ final class BodyReadingGate: @unchecked Sendable {
     let slots: Int
     /// Bodies of at most this many bytes pass without waiting.
     let thresholdBytes: Int
+
+    /// A thread waiting for a slot.
+    private final class Waiter {
+        let condition = ConditionLock.Condition()
+        /// Its place in line: the request's deadline.
+        let priority: UInt64
+        /// Set, under the lock, by the thread that handed it a slot.
+        var admitted = false
+        init(priority: UInt64) { self.priority = priority }
+    }
+
+    // All mutable fields are guarded by `lock`.
     private let lock = ConditionLock()
-    /// Large bodies being read now; guarded by `lock`.
+    /// Slots held (a slot handed to a waiter that has not woken yet included).
     private var reading = 0
+    /// In the order they are served: earliest deadline first, then oldest.
+    private var waiters: [Waiter] = []
 
     /// - Parameters:
     ///   - slots: large bodies read at once (at least 1).
@@ -38,20 +52,23 @@ final class BodyReadingGate: @unchecked Sendable {
         BodyReadingGate(slots: max(2, sysconf(Int32(_SC_NPROCESSORS_ONLN))), thresholdBytes: 4096)
     }
 
-    /// Runs `read` (the reading of a body of `bodyBytes` bytes into the
-    /// values a request is served from) when a slot is free, waiting for
-    /// one until `deadline`.
+    /// Runs `read` (work on a body of `bodyBytes` bytes: reading it into
+    /// values, or building a large answer from them) when a slot is free,
+    /// waiting for one until `deadline`.
     ///
-    /// `read` should return only what the request needs afterwards (fields,
-    /// a compact serialization), so that the values read are released when
-    /// the slot is: a request holds its slot while it reads, never while it
-    /// waits for the token.
+    /// Waiters are served earliest deadline first: every request has the same
+    /// time to be answered, so that is the order the requests arrived in, and
+    /// a request that already went through one step of its work goes before
+    /// requests that arrived after it, rather than behind them all. `read`
+    /// should return only what the request needs afterwards (fields, a
+    /// compact serialization), so that the values it made are released with
+    /// the slot: a request holds no slot while it waits for the token.
     /// - Parameters:
     ///   - bodyBytes: the body's length in bytes.
     ///   - deadline: ``MonotonicClock`` nanoseconds by which the request
     ///     must be answered (``RequestDeadline/current``); nil waits as long
     ///     as it takes. Evaluated only for a body over ``thresholdBytes``.
-    ///   - read: the reading, which may throw the request's error.
+    ///   - read: the work, which may throw the request's error.
     /// - Returns: what `read` returns.
     /// - Throws: what `read` throws; `hsm_unavailable` (503, the
     ///   still-reading answer of ``SignerService``) when the deadline passed
@@ -59,32 +76,57 @@ final class BodyReadingGate: @unchecked Sendable {
     func run<R>(bodyBytes: Int, deadline: @autoclosure () -> UInt64?, _ read: () throws(APIError) -> R) throws(APIError) -> R {
         guard bodyBytes > thresholdBytes else { return try read() }
         let deadline = deadline()  // read only for a large body: a task-local lookup is not free
-        let admitted: Bool = lock.withLock {
-            while reading >= slots {
-                if let deadline {
-                    if !lock.wait(untilMonotonic: deadline) && MonotonicClock.now() >= deadline {
-                        // A wake-up meant for a waiter may have ended this
-                        // wait as it timed out: pass it on if a slot is free.
-                        if reading < slots { lock.signal() }
-                        return false
-                    }
-                } else {
-                    lock.wait()
-                }
-            }
-            reading += 1
-            return true
-        }
-        guard admitted else { throw SignerService.stillCheckingError }
-        defer {
-            lock.withLock {
-                reading -= 1
-                lock.signal()
-            }
-        }
+        guard admit(until: deadline) else { throw SignerService.stillCheckingError }
+        defer { release() }
         return try read()
     }
 
-    /// Large bodies being read now, for tests.
+    /// Takes a slot, waiting in line until `deadline` (nil: as long as it takes).
+    /// - Returns: false, holding nothing, when the deadline passed first.
+    private func admit(until deadline: UInt64?) -> Bool {
+        let (admitted, late): (Bool, Bool) = lock.withLock {
+            if reading < slots && waiters.isEmpty {
+                reading += 1
+                return (true, false)
+            }
+            let waiter = Waiter(priority: deadline ?? .max)
+            // Behind every waiter of the same or an earlier deadline.
+            waiters.insert(waiter, at: (waiters.lastIndex { $0.priority <= waiter.priority } ?? -1) + 1)
+            // Without a deadline (tests), a day stands for "as long as it takes".
+            let until = deadline ?? MonotonicClock.deadline(after: 86_400)
+            while !waiter.admitted {
+                if !lock.wait(on: waiter.condition, untilMonotonic: until) && MonotonicClock.now() >= until { break }
+            }
+            if !waiter.admitted {
+                waiters.removeAll { $0 === waiter }
+                return (false, true)
+            }
+            // Handed a slot just as the time ran out: no use starting now.
+            return (true, deadline.map { MonotonicClock.now() >= $0 } ?? false)
+        }
+        if admitted && late {
+            release()
+            return false
+        }
+        return admitted
+    }
+
+    /// Gives a slot back: to the first waiter in line, or to the pool.
+    private func release() {
+        lock.withLock {
+            if waiters.isEmpty {
+                reading -= 1
+            } else {
+                let next = waiters.removeFirst()
+                next.admitted = true
+                lock.signal(next.condition)
+            }
+        }
+    }
+
+    /// Slots held now, for tests.
     var readingNow: Int { lock.withLock { reading } }
+
+    /// Threads waiting for a slot now, for tests.
+    var waitingNow: Int { lock.withLock { waiters.count } }
 }

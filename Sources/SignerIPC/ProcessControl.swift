@@ -18,6 +18,31 @@ public enum ProcessControl {
     /// Whether the process may be dumped (`prctl(PR_GET_DUMPABLE)`).
     public static var isDumpable: Bool { CSignerShim_is_dumpable() != 0 }
 
+    /// The allocation size, in bytes, from which glibc's `malloc` maps
+    /// memory of its own (``returnLargeAllocationsToTheSystem()``).
+    public static let largeAllocationBytes: Int32 = 32 * 1024
+    /// Free memory at the top of a `malloc` heap, in bytes, above which
+    /// glibc gives it back to the kernel (``returnLargeAllocationsToTheSystem()``).
+    public static let trimThresholdBytes: Int32 = 128 * 1024
+
+    /// Makes glibc's `malloc` give large blocks back to the kernel when they
+    /// are freed (`mallopt(M_MMAP_THRESHOLD, 32 KiB)` and
+    /// `mallopt(M_TRIM_THRESHOLD, 128 KiB)`, which also turn off glibc's
+    /// adjustment of both after the first large free).
+    ///
+    /// With a thread per connection, glibc spreads allocations over up to
+    /// 8 arenas per CPU, and by default keeps what a burst of large request
+    /// bodies freed in them: 1,000 connections sending 64 KiB Advanced
+    /// Commerce requests left the daemon at 145–235 MiB resident after they
+    /// were answered, 531 MiB held by `malloc` with 34 MiB in use
+    /// (docs/BENCHMARKS.md, twenty-fourth round). An ordinary request
+    /// allocates only small blocks, which these settings do not touch.
+    /// - Returns: false when glibc refused a setting.
+    @discardableResult
+    public static func returnLargeAllocationsToTheSystem() -> Bool {
+        CSignerShim_malloc_thresholds(largeAllocationBytes, trimThresholdBytes) == 0
+    }
+
     /// Descriptors signerd keeps for everything but its connections: the
     /// standard streams, the listening socket, libmicrohttpd's inter-thread
     /// channels, and the PKCS#11 module's own files (SoftHSM opens its token

@@ -136,6 +136,7 @@ func runDaemon() -> Never {
     let handledSignals = [SIGTERM, SIGINT, SIGHUP]
     ProcessControl.blockSignals(handledSignals)
     ProcessControl.disableCoreDumps()
+    ProcessControl.returnLargeAllocationsToTheSystem()
 
     let arguments: Arguments
     do {

@@ -2,6 +2,7 @@ import Dispatch
 import Foundation
 import HSMSigner
 @testable import SignerIPC
+import TestSupport
 import Testing
 
 /// The bound on large bodies read at once (`BodyReadingGate`): slots are
@@ -82,6 +83,38 @@ struct BodyReadingGateTests {
         release.signal()
         #expect(finished.wait(timeout: .now() + 10) == .success)
         #expect(gate.readingNow == 0, "the reader that gave up took no slot")
+    }
+
+    /// An attack round found the first version of the gate woke any
+    /// waiter: requests that arrived later overtook ones that had waited,
+    /// and some ran out their time in line.
+    @Test("waiters get a freed slot earliest deadline first, and in arrival order among equal deadlines")
+    func earliestDeadlineFirst() throws {
+        let gate = BodyReadingGate(slots: 1, thresholdBytes: 0)
+        let holder = ParkedReaders(gate: gate)
+        holder.start(bytes: 1)
+        #expect(holder.entered.wait(timeout: .now() + 10) == .success)
+        let base = MonotonicClock.now() + 60_000_000_000
+        let deadlines: [UInt64] = [base + 3, base + 2, base + 9, base, base + 2]
+        let order = Locked<[Int]>([])
+        let done = DispatchGroup()
+        for (index, deadline) in deadlines.enumerated() {
+            done.enter()
+            OSThread.start {
+                defer { done.leave() }
+                do throws(APIError) {
+                    try gate.run(bodyBytes: 1, deadline: deadline) { () throws(APIError) in order.withLock { $0.append(index) } }
+                } catch {
+                    order.withLock { $0.append(-1) }
+                }
+            }
+            #expect(poll(seconds: 5) { gate.waitingNow == index + 1 }, "waiter \(index) did not queue")
+        }
+        holder.release.signal()
+        #expect(done.wait(timeout: .now() + 10) == .success)
+        #expect(holder.finished.wait(timeout: .now() + 10) == .success)
+        #expect(order.withLock { $0 } == [3, 1, 4, 0, 2])
+        #expect(gate.readingNow == 0 && gate.waitingNow == 0)
     }
 
     @Test("a read that throws frees its slot, and its error is the caller's")

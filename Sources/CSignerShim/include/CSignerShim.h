@@ -27,6 +27,12 @@ int CSignerShim_disable_core_dumps(void);
 /// Whether the process is dumpable (`prctl(PR_GET_DUMPABLE)`), for tests.
 int CSignerShim_is_dumpable(void);
 
+/// `mallopt(M_MMAP_THRESHOLD, mmap_threshold)` and
+/// `mallopt(M_TRIM_THRESHOLD, trim_threshold)` (bytes; `<malloc.h>`, which
+/// Swift's Glibc module does not import). Returns 0, or -1 when glibc
+/// refused either.
+int CSignerShim_malloc_thresholds(int mmap_threshold, int trim_threshold);
+
 /// Whether `path` carries an extended POSIX access ACL (the
 /// `system.posix_acl_access` attribute, `getxattr(2)` of `<sys/xattr.h>`,
 /// which Swift's Glibc module does not import): 1 yes, 0 no, -1 with errno
