@@ -4,7 +4,9 @@ import HSMSigner
 import Glibc
 #endif
 
-/// Bounds how many large request bodies are read into JSON values at once.
+/// Bounds how many large request bodies are worked on at once: read into
+/// JSON values, or made into a large answer (a JWS's signing input and
+/// response), each step under a slot of its own.
 ///
 /// Reading a body into values takes far more memory than the body itself:
 /// about 20 bytes of heap per body byte for a body of many small objects
@@ -13,8 +15,9 @@ import Glibc
 /// at the same instant are read all at once: 1.4 GiB of heap was measured
 /// for Advanced Commerce requests of that shape (docs/BENCHMARKS.md,
 /// twenty-fourth round). Reading is CPU work, so more readers than CPUs
-/// finish no sooner; bodies over ``thresholdBytes`` are read at most
-/// ``slots`` at a time, and the rest wait their turn. Smaller bodies (every
+/// finish no sooner; bodies over ``thresholdBytes`` are worked on at most
+/// ``slots`` at a time, and the rest wait their turn, earliest deadline
+/// first (the session queue's order, ``SessionPool`` in HSMSigner). Smaller bodies (every
 /// ordinary request of the contract is well under 1 KiB) never wait.
 final class BodyReadingGate: @unchecked Sendable {
     /// Large bodies read at once.
