@@ -120,7 +120,7 @@ public final class HSMToken: @unchecked Sendable {
         var knownKeys: Set<String> = []
         /// The SHA-256 fingerprint of the public key last found for each
         /// key ID; kept when cached keys are dropped, to notice a key ID
-        /// that now names another key (``lookUpAndCache(_:epoch:)``).
+        /// that now names another key (at a look-up, or when recovery finds the keys again).
         var fingerprints: [String: String] = [:]
         /// Reinitialized recovery steps in this outage that found the token
         /// without some of its keys (``reinitializationsBeforeDeleted``).
@@ -155,6 +155,15 @@ public final class HSMToken: @unchecked Sendable {
         mutating func dropKeys(_ keyID: String? = nil) {
             if let keyID { keys[keyID] = nil } else { keys.removeAll() }
             keysEpoch &+= 1
+        }
+
+        /// Records `fingerprint` as the one last found for `keyID`.
+        /// - Returns: the fingerprint recorded before, when there was one
+        ///   and it differs (the key ID now names another key), else nil.
+        mutating func noteFingerprint(_ keyID: String, _ fingerprint: String?) -> String? {
+            guard let fingerprint else { return nil }
+            defer { fingerprints[keyID] = fingerprint }
+            return fingerprints[keyID].flatMap { $0 == fingerprint ? nil : $0 }
         }
     }
 
@@ -549,16 +558,17 @@ public final class HSMToken: @unchecked Sendable {
             // object may be between two writes of a `keys import --replace`,
             // and a cached gap would fail every verification until a reload.
             if state.keysEpoch == epoch, case .up = state.status, found.publicKey != nil { state.keys[keyID] = found }
-            guard let fingerprint else { return nil }
-            defer { state.fingerprints[keyID] = fingerprint }
-            return state.fingerprints[keyID]
+            return state.noteFingerprint(keyID, fingerprint)
         }
-        // An audit trail for a key replaced on the token (`keys import
-        // --replace` with another key, or a tool outside signerd).
-        if let previous, let fingerprint, previous != fingerprint {
-            logger.notice("key_changed", ["key.id": .string(keyID), "fingerprint.before": .string(previous), "fingerprint.now": .string(fingerprint)])
-        }
+        if let previous, let fingerprint { logKeyChanged(keyID, before: previous, now: fingerprint) }
         return found
+    }
+
+    /// An audit trail for a key replaced on the token (`keys import
+    /// --replace` with another key, a tool outside signerd, or another
+    /// token's storage put in the place of this one's during an outage).
+    private func logKeyChanged(_ keyID: String, before: String, now: String) {
+        logger.notice("key_changed", ["key.id": .string(keyID), "fingerprint.before": .string(before), "fingerprint.now": .string(now)])
     }
 
     /// Forgets the cached handle and public key of `keyID` (or of every key
@@ -1404,9 +1414,17 @@ public final class HSMToken: @unchecked Sendable {
             }
             // Unless the cache was dropped meanwhile (a reload's forget): then
             // these handles are older than the drop and are not kept.
-            state.withLock { state in
+            // The fingerprints are noted either way: the token holds these
+            // keys now, and a key ID that names another key than before the
+            // outage is logged here, not at some later look-up.
+            let changed: [(keyID: String, before: String, now: String)] = state.withLock { state in
                 if state.keysEpoch == epoch { state.keys.merge(keys) { _, new in new } }
+                return keys.keys.sorted().compactMap { keyID in
+                    guard let now = keys[keyID]?.publicKey?.fingerprint, let before = state.noteFingerprint(keyID, now) else { return nil }
+                    return (keyID, before, now)
+                }
             }
+            for change in changed { logKeyChanged(change.keyID, before: change.before, now: change.now) }
             return .success(())
         } catch {
             return .failure(error)

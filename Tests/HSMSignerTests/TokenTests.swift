@@ -444,20 +444,28 @@ struct TokenTests {
         #expect(faults.calls(.findObjectsInit) - searches <= 3, "\(faults.calls(.findObjectsInit) - searches) searches: the look-up was repeated")
     }
 
-    /// A key replaced on the token under the same key ID left no trace in
-    /// signerd's log, though every signature changed key from then on.
-    @Test("a key ID found holding another key than before logs key_changed with both fingerprints; the same key found again logs nothing")
-    func keyChangedLogged() throws {
-        let token = try SoftHSMFixture.shared.makeToken("key-changed")
+    /// A token whose handle logs notices into `lines`, with `first`
+    /// imported as `keyID`, and a second key file with another public key.
+    static func keyChangeSetUp(_ name: String, keyID: String) throws
+        -> (token: SoftHSMFixture.Token, hsm: HSMToken, lines: LineCollector, first: TestKeyFiles, second: TestKeyFiles) {
+        let token = try SoftHSMFixture.shared.makeToken(name)
         let lines = LineCollector()
         var options = TokenOptions()
         options.logger = Logger(minimumLevel: .notice) { lines.append($0) }
         let hsm = try HSMToken(uri: PKCS11URI(token.uri), options: options)
-        defer { hsm.close() }
         let first = try TestKeyFiles.make(), second = try TestKeyFiles.make()
+        try #require(try ECPublicKey(pem: first.publicKeyPEM).fingerprint != ECPublicKey(pem: second.publicKeyPEM).fingerprint)
+        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: first.pkcs8Apple), keyID: keyID, replace: false)
+        return (token, hsm, lines, first, second)
+    }
+
+    /// A key replaced on the token under the same key ID left no trace in
+    /// signerd's log, though every signature changed key from then on.
+    @Test("a key ID found holding another key than before logs key_changed with both fingerprints; the same key found again logs nothing")
+    func keyChangedLogged() throws {
+        let (_, hsm, lines, first, second) = try Self.keyChangeSetUp("key-changed", keyID: "KEYCHG0001")
+        defer { hsm.close() }
         let before = try ECPublicKey(pem: first.publicKeyPEM).fingerprint, now = try ECPublicKey(pem: second.publicKeyPEM).fingerprint
-        try #require(before != now)
-        _ = try hsm.importKey(ECPrivateKeyMaterial(contentsOf: first.pkcs8Apple), keyID: "KEYCHG0001", replace: false)
         let firstKey = try ECPublicKey(pem: first.publicKeyPEM)
         #expect(firstKey.verify(rawSignature: try hsm.sign(digest: SHA256.hash([1]), keyID: "KEYCHG0001").raw, digest: SHA256.hash([1])))
         hsm.forgetKey("KEYCHG0001")
@@ -470,6 +478,31 @@ struct TokenTests {
         let changed = lines.lines.filter { $0.contains("\"msg\":\"key_changed\"") }
         #expect(changed.count == 1, "\(lines.lines)")
         #expect(changed.first?.contains("\"key.id\":\"KEYCHG0001\",\"fingerprint.before\":\"\(before)\",\"fingerprint.now\":\"\(now)\"") == true, "\(changed)")
+    }
+
+    /// After an outage, recovery found the keys again without noting their
+    /// fingerprints: another key behind the key ID (a token's storage
+    /// swapped in under the same label) was signed with silently until a
+    /// `GET /v1/keys` looked it up again (an attack round).
+    @Test("a key ID that names another key after an outage: recovery logs key_changed itself, and signatures verify with the new public key")
+    func keyChangedAcrossOutage() throws {
+        let (token, hsm, lines, first, second) = try Self.keyChangeSetUp("key-changed-outage", keyID: "KEYOUT0001")
+        defer { hsm.close() }
+        let before = try ECPublicKey(pem: first.publicKeyPEM).fingerprint, now = try ECPublicKey(pem: second.publicKeyPEM).fingerprint
+        #expect(try ECPublicKey(pem: first.publicKeyPEM).verify(rawSignature: try hsm.sign(digest: SHA256.hash([1]), keyID: "KEYOUT0001").raw, digest: SHA256.hash([1])))
+        // Another process (here: another handle on the token) puts a new key behind the key ID.
+        let other = try Self.open(token, poolSize: 1)
+        _ = try other.importKey(ECPrivateKeyMaterial(contentsOf: second.pkcs8Apple), keyID: "KEYOUT0001", replace: true)
+        other.close()
+        hsm.markDown(reason: "test")
+        for _ in 0..<100 where hsm.status != .up { usleep(50_000) }
+        try #require(hsm.status == .up, "recovery did not bring the token up")
+        let changed = lines.lines.filter { $0.contains("\"msg\":\"key_changed\"") }
+        #expect(changed.count == 1, "recovery found another key and said nothing: \(lines.lines)")
+        #expect(changed.first?.contains("\"key.id\":\"KEYOUT0001\",\"fingerprint.before\":\"\(before)\",\"fingerprint.now\":\"\(now)\"") == true, "\(changed)")
+        let signature = try hsm.sign(digest: SHA256.hash([2]), keyID: "KEYOUT0001")
+        #expect(try ECPublicKey(pem: second.publicKeyPEM).verify(rawSignature: signature.raw, digest: SHA256.hash([2])))
+        #expect(lines.lines.filter { $0.contains("\"msg\":\"key_changed\"") }.count == 1, "logged again after recovery: \(lines.lines)")
     }
 
     @Test("EC point: raw and DER-wrapped forms are told apart by length")
