@@ -83,6 +83,9 @@ public final class HSMToken: @unchecked Sendable {
     let options: TokenOptions
     private let state: Locked<State>
     private let pin: Locked<SecureBytes>
+    /// The PIN of the last successful login (or the one `C_SetPIN` set while
+    /// logged in): the PIN in use, which a reload's PIN is compared with.
+    private let loggedInPIN = Locked<SecureBytes?>(nil)
     /// PINs the token called wrong since its last successful login, with
     /// what it returned (at most ``refusedPINLimit``): a reload whose PIN
     /// source gives any of them again does not send it, whichever PIN was
@@ -397,6 +400,7 @@ public final class HSMToken: @unchecked Sendable {
             switch rv {
             case .ok, .userAlreadyLoggedIn:
                 state.withLock { $0.loginGeneration &+= 1 }
+                loggedInPIN.withLock { $0 = sent }
                 refusedPINs.withLock { $0.removeAll() }
                 logger.debug("token_login", ["token.label": .string(label)])
             case _ where PKCS11ReturnValue.pinFailures.contains(rv):
@@ -496,9 +500,12 @@ public final class HSMToken: @unchecked Sendable {
             error.tokenLabel = label
             throw error
         }
+        // Against the PIN in use: a wrong PIN read and then the right one
+        // again is no change, since the wrong one was never sent.
+        let inUse = loggedInPIN.withLock { $0 }
         let changed = pin.withLock { current in
             defer { current = newPIN }
-            return !current.hasSameBytes(as: newPIN)
+            return !(inUse ?? current).hasSameBytes(as: newPIN)
         }
         let (wasRejected, wasUp): (Bool, Bool) = state.withLock { state in
             if case .pinRejected = state.status {
@@ -758,6 +765,7 @@ public final class HSMToken: @unchecked Sendable {
             }
         }
         pin.withLock { $0 = newPIN }
+        loggedInPIN.withLock { $0 = newPIN }
     }
 
     /// Reads the token again from its storage after ``changeUserPIN(to:)``
