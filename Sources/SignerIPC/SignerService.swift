@@ -96,8 +96,10 @@ public final class SignerService: HTTPHandler, Sendable {
     ///   (another socket or another token); the old one then stays.
     public func reload(_ new: SignerConfiguration) throws(ConfigurationError) {
         let old = configuration
-        let socketChanges = [("socket_path", new.socketPath != old.socketPath), ("socket_mode", new.socketMode != old.socketMode),
-                             ("socket_group", new.socketGroup != old.socketGroup)].filter(\.1).map(\.0)
+        // Compared by what they do, not how they are written: `//` in a
+        // path, or a group by name where it was left to default, is no change.
+        let socketChanges = [("socket_path", !UnixListener.samePath(new.socketPath, old.socketPath)), ("socket_mode", new.socketMode != old.socketMode),
+                             ("socket_group", !UnixListener.sameGroup(new.socketGroup, old.socketGroup, socketAt: old.socketPath))].filter(\.1).map(\.0)
         guard socketChanges.isEmpty else {
             throw ConfigurationError("\(socketChanges.joined(separator: " and ")) changed: socket_path, socket_mode and socket_group change only with a restart (run by hand, stop signerd and start it again; with the shipped signerd.socket, systemd owns the socket: change ListenStream=, SocketMode= or SocketGroup= there and run systemctl restart signerd.socket signerd)")
         }

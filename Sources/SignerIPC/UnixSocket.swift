@@ -237,6 +237,40 @@ public enum UnixListener {
         return count >= 0 && groups.prefix(Int(count)).contains(gid)
     }
 
+    /// Whether two `socket_path` values name the same path once written
+    /// the same way: repeated `/` and `.` components do not count (no
+    /// symbolic link is followed, and `..` is kept as written).
+    /// - Parameters:
+    ///   - a: a socket path.
+    ///   - b: another.
+    /// - Returns: true when they are the same path, lexically.
+    public static func samePath(_ a: String, _ b: String) -> Bool {
+        func components(_ path: String) -> [Substring] { path.split(separator: "/").filter { $0 != "." } }
+        return a.hasPrefix("/") == b.hasPrefix("/") && components(a) == components(b)
+    }
+
+    /// Whether two `socket_group` values give the socket at `path` the same
+    /// group: a name and its number are the same group, and an absent
+    /// group stands for the group the socket file has now (the one it got
+    /// when it was made, `stat(2)`; this process's effective group when the
+    /// file cannot be read).
+    /// - Parameters:
+    ///   - a: a group name or number, or nil.
+    ///   - b: another.
+    ///   - path: the socket file the absent value stands for.
+    /// - Returns: true when both resolve to the same group number; false
+    ///   when either names no group on this host.
+    public static func sameGroup(_ a: String?, _ b: String?, socketAt path: String) -> Bool {
+        if a == b { return true }
+        func resolve(_ group: String?) -> gid_t? {
+            if let group { return groupID(group) }
+            var info = stat()
+            return stat(path, &info) == 0 ? info.st_gid : getegid()
+        }
+        guard let x = resolve(a), let y = resolve(b) else { return false }
+        return x == y
+    }
+
     /// The group `group` names: a number as it is, else a name from the group database.
     private static func groupID(_ group: String) -> gid_t? {
         if let number = UInt32(group) { return number }
