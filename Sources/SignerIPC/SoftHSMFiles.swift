@@ -216,6 +216,10 @@ public enum SoftHSMFiles {
         }
         guard access(directory, R_OK | X_OK) == 0 else {
             let (uid, text) = owner(directory)
+            if uid == geteuid() {
+                return "this user (\(user)) owns SoftHSM's token directory \(directory) (\(text)) but its mode does not let its owner read it, so SoftHSM cannot open its tokens: "
+                    + "give the owner its access back (chmod u+rwx \(directory))"
+            }
             return "this user (\(user)) cannot read SoftHSM's token directory \(directory) (\(text)), so SoftHSM cannot open its tokens: "
                 + "run as the user signerd runs as (runuser -u \(userName(uid)) -- …), or give this user read access to the directory (on Debian, the group softhsm)"
         }
@@ -239,6 +243,12 @@ public enum SoftHSMFiles {
         if unreadable.allSatisfy({ $0.uid == 0 }) {
             return what + "A token made as root (signctl token init without runuser) can be read by root alone: if it is the token you need, "
                 + "delete it (as root: softhsm2-util --delete-token --token LABEL) and make it again as the user signerd runs as (runuser -u signerd -- signctl token init …)"
+        }
+        // Its own files, shut by their mode (chmod 000): running as the
+        // owner is what it does already.
+        if unreadable.allSatisfy({ $0.uid == geteuid() }) {
+            return what + "They belong to this user, but their mode does not let their owner read them: give the owner its access back "
+                + "(chmod u+rwx on the token's directory, chmod u+rw on its files)"
         }
         let owners = Array(Set(unreadable.map(\.uid))).sorted()
         return what + "SoftHSM keeps each token readable by the user that made it: run as that user (runuser -u \(userName(owners[0])) -- …)"

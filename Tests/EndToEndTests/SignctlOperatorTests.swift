@@ -1111,6 +1111,34 @@ struct SignctlHintTests {
         #expect(asRoot.status == 0 && !asRoot.stderr.contains("cannot be read"), "\(asRoot.stderr)")
     }
 
+    /// A token its own user shut with chmod 000 got the hint "run as that
+    /// user", naming the user it already ran as (an attack round).
+    @Test("a token, or the token directory, that its own user may not read (mode 000): the hint says to give the owner access back, not to run as the owner (69)",
+          .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and setpriv (util-linux) to run as another user"))
+    func tokenShutToItsOwner() throws {
+        let hsm = try FreeSoftHSM()
+        let pin = try hsm.initializeToken(label: "shut")
+        let config = try hsm.config(label: "shut", pinPath: pin)
+        #expect(chmod(hsm.directory, 0o755) == 0)
+        #expect(chmod(config, 0o644) == 0 && chmod(hsm.directory + "/softhsm2.conf", 0o644) == 0 && chown(pin, 65534, 65534) == 0)
+        #expect(runProgram("/bin/chown", ["-R", "65534:65534", hsm.directory + "/tokens"]).status == 0)
+        let tokenDirectory = hsm.directory + "/tokens/" + (try #require(try softHSMTokenDirectories(hsm.directory + "/tokens").first))
+        let asNobody = ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/env", "SOFTHSM2_CONF=\(hsm.directory)/softhsm2.conf"]
+        #expect(chmod(tokenDirectory, 0) == 0)
+        let list = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signctl, "--config", config, "keys", "list"])
+        #expect(list.status == 69, "\(list.stderr)")
+        #expect(list.stderr.contains("\(tokenDirectory) (owner nobody, mode 0). They belong to this user, but their mode does not let their owner read them")
+                && list.stderr.contains("chmod u+rwx") && !list.stderr.contains("run as that user"), "\(list.stderr)")
+        #expect(chmod(tokenDirectory, 0o700) == 0 && chmod(hsm.directory + "/tokens", 0) == 0)
+        let closed = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signctl, "--config", config, "keys", "list"])
+        #expect(closed.status == 69, "\(closed.stderr)")
+        #expect(closed.stderr.contains("hint: this user (nobody) owns SoftHSM's token directory \(hsm.directory)/tokens (owner nobody, mode 0) but its mode does not let its owner read it")
+                && closed.stderr.contains("chmod u+rwx \(hsm.directory)/tokens"), "\(closed.stderr)")
+        #expect(chmod(hsm.directory + "/tokens", 0o700) == 0)
+        let opened = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signctl, "--config", config, "keys", "list"])
+        #expect(opened.status == 0, "access given back, the token opens: \(opened.stderr)")
+    }
+
     /// The first version of the hint told anyone who could not read a token
     /// to delete it, which for signerd's own token would destroy the key.
     @Test("a token another user made: the hint says to run as that user, and never to delete it",
