@@ -721,7 +721,8 @@ public final class HTTPServer: @unchecked Sendable {
     /// origin-form target (`/healthz?x=1`) up to any query string; an
     /// absolute-form one (`http://signerd/healthz?x=1`, scheme `http` or
     /// `https` in any case), which a server must accept (§3.2.2), the same
-    /// after its scheme and authority, and `/` when it has no path. Other
+    /// after its scheme and authority (which ends at `/`, `?` or `#`), and `/`
+    /// when it has no path. Other
     /// targets are returned as they are (and get 404). Cut on the bytes:
     /// String.firstIndex(of:) walks grapheme clusters and cost 10,000
     /// instructions per request.
@@ -730,8 +731,10 @@ public final class HTTPServer: @unchecked Sendable {
         let schemeLength = strncasecmp(target, "http://", 7) == 0 ? 7 : strncasecmp(target, "https://", 8) == 0 ? 8 : 0
         if schemeLength > 0 {
             let authority = target + schemeLength
-            start = authority + strcspn(authority, "/?")
-            guard start.pointee == CChar(UInt8(ascii: "/")) else { return "/" }  // `http://signerd` or `http://signerd?x=1`
+            // The authority ends at `/`, `?` or `#` (RFC 3986 §3.2): in
+            // `http://signerd#/healthz` the path is empty, not `/healthz`.
+            start = authority + strcspn(authority, "/?#")
+            guard start.pointee == CChar(UInt8(ascii: "/")) else { return "/" }  // `http://signerd`, `http://signerd?x=1`, `http://signerd#x`
         }
         return String(decoding: UnsafeRawBufferPointer(start: start, count: strcspn(start, "?")), as: UTF8.self)
     }

@@ -30,6 +30,9 @@ struct AbsoluteFormTargetTests {
         Case(method: "GET", target: "http://signerd/v1/nothing?x=/healthz", status: 404, named: "/v1/nothing"),
         Case(method: "GET", target: "http://signerd", status: 404, named: "at /;"),
         Case(method: "GET", target: "http://signerd?/healthz", status: 404, named: "at /;"),
+        // An attack round: the text after `#` was taken for the path.
+        Case(method: "GET", target: "http://signerd#/healthz", status: 404, named: "at /;"),
+        Case(method: "POST", target: "http://signerd#/v1/sign/promotional-offer", status: 404, named: "at /;"),
     ]
 
     @Test("the target's path is routed, as in origin-form", arguments: cases)
