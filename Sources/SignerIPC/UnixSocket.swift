@@ -239,7 +239,9 @@ public enum UnixListener {
 
     /// Whether two `socket_path` values name the same path once written
     /// the same way: repeated `/` and `.` components do not count (no
-    /// symbolic link is followed, and `..` is kept as written).
+    /// symbolic link is followed, and `..` is kept as written, since
+    /// `a/../b` need not be `b` when `a` is a link). Repeated slashes are
+    /// one separator in POSIX pathname resolution (POSIX.1-2017, XBD 4.13).
     /// - Parameters:
     ///   - a: a socket path.
     ///   - b: another.

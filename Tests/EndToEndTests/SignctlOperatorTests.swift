@@ -1075,20 +1075,28 @@ struct SignctlHintTests {
         #expect(failed?.contains("\"hint\":\"check token= in token_uri; SoftHSM looked in \(hsm.directory)/tokens (directories.tokendir in \(hsm.directory)/softhsm2.conf, from SOFTHSM2_CONF)") == true, "\(start.stderr)")
     }
 
+    /// A token made as root whose configuration, SoftHSM configuration and
+    /// PIN file the user nobody (65534) may read, and the `setpriv`
+    /// arguments that run a command as nobody with that SoftHSM configuration.
+    static func tokenForNobody(label: String) throws -> (hsm: FreeSoftHSM, pin: String, config: String, asNobody: [String]) {
+        let hsm = try FreeSoftHSM()
+        let pin = try hsm.initializeToken(label: label)
+        let config = try hsm.config(label: label, pinPath: pin)
+        #expect(chmod(hsm.directory, 0o755) == 0)
+        #expect(chmod(config, 0o644) == 0 && chmod(hsm.directory + "/softhsm2.conf", 0o644) == 0 && chown(pin, 65534, 65534) == 0)
+        return (hsm, pin, config, ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/env", "SOFTHSM2_CONF=\(hsm.directory)/softhsm2.conf"])
+    }
+
     /// `token init` as root makes files only root can read; SoftHSM run as
     /// signerd's user then shows the token as uninitialized, and the error
     /// spoke of a token.object cut short.
     @Test("a token only root can read: signctl keys list and signerd, run as another user, name its directory and owner (69)",
           .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and setpriv (util-linux) to run as another user"))
     func tokenOnlyRootCanRead() throws {
-        let hsm = try FreeSoftHSM()
-        let pin = try hsm.initializeToken(label: "rootonly")
-        let config = try hsm.config(label: "rootonly", pinPath: pin)
+        let (hsm, pin, config, asNobody) = try Self.tokenForNobody(label: "rootonly")
         // The user nobody may reach every file but root's token itself.
-        #expect(chmod(hsm.directory, 0o755) == 0 && chmod(hsm.directory + "/tokens", 0o755) == 0)
-        #expect(chmod(config, 0o644) == 0 && chmod(hsm.directory + "/softhsm2.conf", 0o644) == 0 && chown(pin, 65534, 65534) == 0)
+        #expect(chmod(hsm.directory + "/tokens", 0o755) == 0)
         let tokenDirectory = try #require(try softHSMTokenDirectories(hsm.directory + "/tokens").first)
-        let asNobody = ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/env", "SOFTHSM2_CONF=\(hsm.directory)/softhsm2.conf"]
         let expected = "cannot be read by this user (nobody), and SoftHSM shows it as uninitialized: \(hsm.directory)/tokens/\(tokenDirectory) (owner root"
         let list = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signctl, "--config", config, "keys", "list"])
         #expect(list.status == 69, "\(list.stderr)")
@@ -1116,14 +1124,9 @@ struct SignctlHintTests {
     @Test("a token, or the token directory, that its own user may not read (mode 000): the hint says to give the owner access back, not to run as the owner (69)",
           .enabled(if: geteuid() == 0 && FileManager.default.isExecutableFile(atPath: "/usr/bin/setpriv"), "needs root and setpriv (util-linux) to run as another user"))
     func tokenShutToItsOwner() throws {
-        let hsm = try FreeSoftHSM()
-        let pin = try hsm.initializeToken(label: "shut")
-        let config = try hsm.config(label: "shut", pinPath: pin)
-        #expect(chmod(hsm.directory, 0o755) == 0)
-        #expect(chmod(config, 0o644) == 0 && chmod(hsm.directory + "/softhsm2.conf", 0o644) == 0 && chown(pin, 65534, 65534) == 0)
+        let (hsm, _, config, asNobody) = try Self.tokenForNobody(label: "shut")
         #expect(runProgram("/bin/chown", ["-R", "65534:65534", hsm.directory + "/tokens"]).status == 0)
         let tokenDirectory = hsm.directory + "/tokens/" + (try #require(try softHSMTokenDirectories(hsm.directory + "/tokens").first))
-        let asNobody = ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/env", "SOFTHSM2_CONF=\(hsm.directory)/softhsm2.conf"]
         #expect(chmod(tokenDirectory, 0) == 0)
         let list = runProgram("/usr/bin/setpriv", asNobody + [Binaries.signctl, "--config", config, "keys", "list"])
         #expect(list.status == 69, "\(list.stderr)")
