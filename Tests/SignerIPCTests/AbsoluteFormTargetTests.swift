@@ -54,5 +54,8 @@ struct AbsoluteFormTargetTests {
         if target.method == "POST" && target.status == 200 {
             #expect(daemon.verifies(response), "the signature verifies with the daemon's public key")
         }
+        // The same connection still serves a signature after an error.
+        let next = try client.send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)
+        #expect(daemon.verifies(next), "after \(target.testDescription): \(String(decoding: next.body, as: UTF8.self))")
     }
 }

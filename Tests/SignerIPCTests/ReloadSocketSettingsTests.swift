@@ -37,6 +37,10 @@ struct ReloadSocketSettingsTests {
         let groupError = #expect(throws: ConfigurationError.self) { try daemon.service.reload(regrouped) }
         #expect(groupError?.message.hasPrefix("socket_group changed") == true, "\(String(describing: groupError))")
         #expect(daemon.service.configuration.socketGroup == String(info.st_gid), "a refused reload changed the configuration")
+        // Refused reloads leave the daemon serving on its socket.
+        let client = SignerClient(socketPath: daemon.socketPath)
+        defer { client.close() }
+        #expect(daemon.verifies(try client.send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)))
     }
 
     @Test("samePath: repeated slashes and . components do not count; .. and other names do", arguments: [
