@@ -134,7 +134,11 @@ floor_down() {
 run() {  # name, config, signctl bench arguments…
   local name=$1 config=$2 status=0; shift 2
   echo "==> $name" >&2
+  # The machine's CPU counters around the run (proc(5), the "cpu" line of /proc/stat): the
+  # report derives from them how much of the run's time the hypervisor gave to other guests.
+  grep -m1 '^cpu ' /proc/stat > "$results/$name.cpu"
   "$bin/signctl" --config "$config" bench --json "$@" > "$results/$name.json" || status=$?
+  grep -m1 '^cpu ' /proc/stat >> "$results/$name.cpu"
   if [ "$status" != 0 ]; then
     # signctl bench --json reports on stdout: show what it counted, and the servers' last words.
     echo "error: $name: signctl bench exited $status" >&2
@@ -213,6 +217,16 @@ def p11kit_server_cpu(n):
     path = os.path.join(results, "p11kit-server-ticks-r%d.txt" % n)
     if not os.path.exists(path): return None
     return int(open(path).read()) * 1e6 / ticks_per_second / max(1, r["p11kit-c8-r%d" % n]["requests"])
+def steal(key):
+    """Percent of the machine's CPU time during run `key` that the hypervisor gave to other guests
+    (proc(5): the 8th value of the "cpu" line, over the sum of the first 8), or None when unknown."""
+    path = os.path.join(results, key + ".cpu")
+    try:
+        before, after = [[int(v) for v in line.split()[1:9]] for line in open(path).read().splitlines()[:2]]
+    except (OSError, ValueError):
+        return None
+    total = sum(after) - sum(before)
+    return (after[7] - before[7]) * 100.0 / total if total > 0 else None
 def rps(key): return r[key]["throughput_rps"]
 def per_round(kind): return ["%s-r%d" % (kind, n) for n in range(1, rounds + 1)]
 def median_round(kind):
@@ -237,6 +251,15 @@ lines.append("Command: `scripts/bench.sh --duration %s --rounds %d --soak %s` (c
 lines.append("")
 lines.append("Rows at concurrency 8 are the median of %d interleaved rounds; × baseline is against the median direct run (%.0f signatures/s)." % (rounds, base))
 lines.append("")
+# Steal time: on a virtual machine the host may run other guests on these cores; a run that lost
+# much of its time that way measures the neighbours as well as the servers.
+stolen = {k: steal(k) for k in r}
+stolen = {k: v for k, v in stolen.items() if v is not None}
+if stolen:
+    worst = max(stolen, key=stolen.get)
+    lines.append("CPU steal (time the hypervisor gave these cores to other guests, from /proc/stat) was %.1f %% over the runs' median and %.1f %% at most (%s); "
+                 "where a round's steal is high its ratios say more about the neighbours than about the servers." % (statistics.median(stolen.values()), stolen[worst], worst))
+    lines.append("")
 lines.append("| run | concurrency | signatures/s | × baseline | p50 ms | p90 ms | p99 ms | p99.9 ms | max ms | errors | daemon RSS after, MiB |")
 lines.append("|---|---|---|---|---|---|---|---|---|---|---|")
 lines.append(row("direct PKCS#11 baseline", median_round("direct-c8")))
@@ -259,10 +282,14 @@ for n in range(1, rounds + 1):
                  "p99": off["latency_ms"]["p99"], "allowed": 2 * mean + 1})
 for x in rows:
     x["off/direct"] = x["off"] / x["direct"]; x["on/direct"] = x["on"] / x["direct"]; x["off/p11"] = x["off"] / x["p11"]
-lines.append("| round | direct c=8 | signerd off c=8 | signerd on c=8 | p11-kit c=8 | off / direct | on / direct | off / p11-kit | p99 off c=8 vs allowed, ms |")
-lines.append("|---|---|---|---|---|---|---|---|---|")
+def round_steal(n):
+    """The highest steal of round n's runs at concurrency 8, as table text."""
+    values = [v for v in (stolen.get("%s-c8-r%d" % (k, n)) for k in ("direct", "signerd-verify-off", "signerd-verify-on", "p11kit", "floor")) if v is not None]
+    return "%.1f" % max(values) if values else "–"
+lines.append("| round | direct c=8 | signerd off c=8 | signerd on c=8 | p11-kit c=8 | off / direct | on / direct | off / p11-kit | p99 off c=8 vs allowed, ms | highest CPU steal, % |")
+lines.append("|---|---|---|---|---|---|---|---|---|---|")
 for n, x in enumerate(rows, 1):
-    lines.append("| %d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f vs %.2f |" % (n, x["direct"], x["off"], x["on"], x["p11"], x["off/direct"], x["on/direct"], x["off/p11"], x["p99"], x["allowed"]))
+    lines.append("| %d | %.0f | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f | %.2f vs %.2f | %s |" % (n, x["direct"], x["off"], x["on"], x["p11"], x["off/direct"], x["on/direct"], x["off/p11"], x["p99"], x["allowed"], round_steal(n)))
 lines.append("")
 # CPU per request from the same runs: what each side spent, and the ratio signerd could reach at best if
 # the daemon spent exactly one direct signature's CPU per request (client and daemon share the cores).
