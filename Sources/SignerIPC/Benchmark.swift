@@ -22,7 +22,8 @@ public struct BenchmarkReport: Codable, Sendable {
     public var throughput: Double
     /// Latency percentiles and mean, in milliseconds (successful requests).
     public var latencyMs: [String: Double]
-    /// Errors by code (`http_503`, `hsm_unavailable`, `malformed_signature`, `invalid_signature`, `socket`).
+    /// Errors by code (`http_503`, `hsm_unavailable`, `malformed_signature`, `invalid_signature`, `socket`,
+    /// and for `/v1/offers` the offer's own `signature_error_<code>`, such as `signature_error_7234`).
     public var errors: [String: Int]
     /// Whether each signature was verified with the public key by the client.
     public var verified: Bool
@@ -356,6 +357,10 @@ public struct LoadGenerator: Sendable {
         case .healthz:
             return nil
         case .promotionalOffer, .offers:
+            // A batch answers 200 with the offer's own error (API.md: code 7234 when no key serves the bundle).
+            if endpoint == .offers, let start = Self.end(of: Array("\"signature_error\":".utf8), in: response.body) {
+                return "signature_error_" + (Self.integerMember("code", in: Array(response.body[start...])).map(String.init) ?? "unknown")
+            }
             // apple-signatures.md: DER of 70–72 bytes, 96 Base64 characters.
             guard let text = Self.stringMember("signature", in: response.body), text.utf8.count == 96,
                   let der = Data(base64Encoded: text), (70...72).contains(der.count),

@@ -429,7 +429,9 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         length = .requests(try arguments.integer("requests", default: 1000, in: 1...100_000_000))
     } else {
         let text = arguments.options["duration"] ?? "10"
-        guard let seconds = Double(text), seconds > 0, seconds <= 86_400 else {
+        // Decimal seconds only: Swift's Double(_:) also reads "0x10" (16) and "1e-9".
+        guard !text.isEmpty, text.allSatisfy({ $0.isASCII && ($0.isNumber || $0 == ".") }),
+              let seconds = Double(text), seconds > 0, seconds <= 86_400 else {
             throw UsageError("--duration must be seconds, more than 0 and at most 86400 (one day); got \(text)")
         }
         length = .seconds(seconds)
@@ -439,6 +441,11 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
             throw UsageError("--\(option) does not apply to --direct, which signs digests through the PKCS#11 module without signerd",
                              hint: "leave out --\(option), or --direct to load signerd")
         }
+    }
+    if let endpoint = arguments.options["endpoint"], ["offers", "healthz"].contains(endpoint), arguments.options["key-id"] != nil {
+        // The RevenueCat batch format names no key (the daemon chooses the bundle's), and /healthz signs nothing.
+        throw UsageError("--key-id does not apply to --endpoint \(endpoint), whose requests name no key",
+                         hint: endpoint == "offers" ? "signerd chooses the bundle's key for /v1/offers: leave out --key-id, or give the bundle's default_key_id in the configuration" : "leave out --key-id")
     }
     if let keyID = arguments.options["key-id"], !KeyID.isValid(keyID) {
         throw UsageError("--key-id must be 10 characters A-Z0-9, as App Store Connect shows it; got \(keyID)")
@@ -484,6 +491,11 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         if let cpu = report.cpuMicrosecondsPerRequest, !cpu.isEmpty {
             print("CPU µs per request: " + cpu.sorted { $0.key < $1.key }.map { "\($0.key) " + String(format: "%.1f", $0.value) }.joined(separator: ", "))
         }
+    }
+    guard report.requests > 0 else {
+        // A run that completed nothing measured nothing: not a success.
+        FileHandle.standardError.write(Data("error: no request completed in \(String(format: "%.2f", report.durationSeconds)) s\nhint: give a longer --duration, or --requests N\n".utf8))
+        return .unavailable
     }
     return report.errorCount == 0 ? .success : .unavailable
 }

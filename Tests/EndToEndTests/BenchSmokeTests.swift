@@ -73,6 +73,32 @@ struct BenchSmokeTests {
         #expect(core.split(separator: " ", omittingEmptySubsequences: true).dropFirst(4).prefix(2) == ["0", "0"], "\(core)")
     }
 
+    @Test("a batch whose offers fail is counted by the offers' own code (7234), not as a malformed signature")
+    func offersSignatureError() throws {
+        let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "XYZ987WVUT"])
+        // Two keys serve com.example.app and none is the default: each offer gets 7234 inside a 200.
+        try daemon.writeConfig(removing: ["default_key_id"])
+        try daemon.start()
+        defer { daemon.stop() }
+        let run = runSignctl(["--config", daemon.configPath, "bench", "--endpoint", "offers", "--concurrency", "2", "--requests", "20", "--json"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(run.status == 69, "\(run.stderr)")
+        let report = try JSONDecoder().decode(BenchmarkReport.self, from: Data(run.stdout.utf8))
+        #expect(report.errors == ["signature_error_7234": 20], "\(report.errors)")
+    }
+
+    @Test("a run that completes no request exits 69 and says so")
+    func nothingCompleted() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let run = runSignctl(["--config", daemon.configPath, "bench", "--duration", "0.000001", "--json"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        let report = try JSONDecoder().decode(BenchmarkReport.self, from: Data(run.stdout.utf8))
+        // A round trip over the socket takes far longer than 1 µs, so no request can complete in time.
+        try #require(report.requests == 0, "the run was meant to complete nothing")
+        #expect(run.status == 69, "\(run.stderr)")
+        #expect(run.stderr.contains("error: no request completed in"), "\(run.stderr)")
+    }
+
     @Test("the direct baseline runs clean")
     func direct() throws {
         let daemon = try DaemonHarness()

@@ -335,6 +335,11 @@ struct SignctlCosmeticsTests {
         (["bench", "--duration", "100000"], "at most 86400"),
         (["bench", "--direct", "--key-id", "bad"], "--key-id must be 10 characters A-Z0-9"),
         (["bench", "--direct", "--endpoint", "promotional-offer"], "--endpoint does not apply to --direct"),
+        // Swift's Double(_:) reads hexadecimal and exponents; 0x10 ran for 16 s and 1e-9 completed nothing, exit 0.
+        (["bench", "--duration", "0x10"], "--duration must be seconds, more than 0 and at most 86400 (one day); got 0x10"),
+        (["bench", "--duration", "1e-9"], "got 1e-9"),
+        // A batch names no key: --key-id was accepted and ignored.
+        (["bench", "--endpoint", "offers", "--key-id", "ABC123DEFG"], "--key-id does not apply to --endpoint offers"),
     ])
     func benchUsage(_ arguments: [String], _ expected: String) throws {
         // No configuration exists: each must be refused before it is read.
