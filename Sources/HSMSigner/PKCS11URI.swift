@@ -296,6 +296,16 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
         guard !pin.withUnsafeBytes({ $0.contains(0x0a) || $0.contains(0x0d) }) else {
             throw HSMError(.pinSourceUnreadable, "the PIN file \(path) holds more than one line; put the PIN alone on the first line")
         }
+        // A byte-order mark (Notepad writes one) or a control byte (a tab, a NUL) is
+        // almost surely not part of the PIN; sent as is, it would cost one of the
+        // token's login tries. C_Login takes the PIN as CK_UTF8CHAR text (PKCS#11
+        // since v2.10); spaces and UTF-8 letters stay allowed.
+        guard !pin.withUnsafeBytes({ $0.count >= 3 && $0[0] == 0xef && $0[1] == 0xbb && $0[2] == 0xbf }) else {
+            throw HSMError(.pinSourceUnreadable, "the PIN file \(path) starts with a UTF-8 byte-order mark (EF BB BF), which some editors write; save the file without one (nothing was sent to the token)")
+        }
+        guard !pin.withUnsafeBytes({ $0.contains { $0 < 0x20 || $0 == 0x7f } }) else {
+            throw HSMError(.pinSourceUnreadable, "the PIN file \(path) holds a control character (a tab, a NUL or another byte below 0x20, or DEL); write the PIN alone, in printable characters (nothing was sent to the token)")
+        }
         return pin
     }
 

@@ -620,7 +620,7 @@ struct TokenURITests {
         #expect(error?.code == .moduleNotFound)
     }
 
-    @Test("PIN file: trailing newline stripped; world-readable, group-writable and symbolic links refused, group-readable accepted; missing named")
+    @Test("PIN file: trailing newline stripped; world-readable, group-writable, symbolic links, a byte-order mark and control characters refused, group-readable and spaces accepted; missing named")
     func pinFile() throws {
         let directory = TemporaryDirectory.make(prefix: "signerd-pin")
         let good = directory + "/pin"
@@ -660,6 +660,19 @@ struct TokenURITests {
             #expect(refused?.code == .pinSourceUnreadable)
             #expect(refused?.message.contains("more than one line") == true && refused?.message.contains("s3c") == false, "\(refused?.message ?? "")")
         }
+        // A byte-order mark, a tab or a NUL: each cost a login try before (pin_count_low followed).
+        for (name, text, expected) in [("bom", "\u{FEFF}s3cret\n", "byte-order mark"), ("tab", "s3cret\t\n", "control character"),
+                                       ("nul", "s3c\u{0}ret\n", "control character"), ("del", "s3cret\u{7F}", "control character")] {
+            let path = directory + "/" + name
+            try writeSecretFile(path, text)
+            let refused = #expect(throws: HSMError.self) { try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(path)").readPIN() }
+            #expect(refused?.code == .pinSourceUnreadable)
+            #expect(refused?.message.contains(expected) == true && refused?.message.contains("s3c") == false, "\(refused?.message ?? "")")
+        }
+        // Spaces and UTF-8 letters may be part of a PIN.
+        let spaced = directory + "/spaced"
+        try writeSecretFile(spaced, "s3 crét \n")
+        #expect(try PKCS11URI("pkcs11:token=x?module-path=/x.so&pin-source=file:\(spaced)").readPIN().count == 9)
     }
 
     @Test("PIN file owned by another user (not root, not this uid) is refused: that user could choose the PIN sent",
