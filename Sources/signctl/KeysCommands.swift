@@ -324,10 +324,10 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
 /// `signctl token change-pin --new-pin-file F`: logs in with the PIN the
 /// configuration's pin-source gives and changes it (`C_SetPIN`).
 func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
-    let arguments = try Arguments(words, options: ["new-pin-file"], flags: [])
+    let arguments = try Arguments(words, options: ["new-pin-file"], flags: ["json"])
     if arguments.flag("help") {
         print("""
-        usage: signctl [--config FILE] token change-pin --new-pin-file F
+        usage: signctl [--config FILE] token change-pin --new-pin-file F [--json]
 
         Logs in to the token of token_uri with the PIN its pin-source gives, and changes that
         user PIN to the one in F (C_SetPIN; F is read like a pin-source: one line, no other
@@ -360,6 +360,10 @@ func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
     // Read back from storage: SoftHSM answers C_SetPIN with CKR_OK when it
     // cannot write its token file, and the token is then gone.
     try token.confirmPINStored()
+    if arguments.flag("json") {
+        printJSON(PINChangeEntry(token_label: token.label, pin_changed: true))
+        return .success
+    }
     print("changed the user PIN of token \(token.label)")
     print("next: write the new PIN into every PIN file (signerd's and signctl's), then systemctl restart signerd "
         + "(LoadCredential=, the shipped unit: a reload would read systemd's old copy), or systemctl reload signerd when its pin-source names the file itself")
@@ -449,6 +453,26 @@ struct KeyImportEntry: Encodable {
     let token_label: String
 }
 
+/// What `keys export-public --json` prints: `fingerprint` as in ``KeyImportEntry``.
+struct PublicKeyEntry: Encodable {
+    let key_id: String
+    let public_key_pem: String
+    let fingerprint: String
+}
+
+/// What `keys delete --json` prints; no `key_id` for `--incomplete`.
+struct KeyDeletionEntry: Encodable {
+    let key_id: String?
+    let token_label: String
+    let objects_deleted: Int
+}
+
+/// What `token change-pin --json` prints once the new PIN is stored.
+struct PINChangeEntry: Encodable {
+    let token_label: String
+    let pin_changed: Bool
+}
+
 struct KeyListEntry: Encodable {
     let key_id: String
     let label: String
@@ -531,15 +555,20 @@ func keysList(_ words: [String], configPath: String) throws -> ExitCode {
 }
 
 func keysExportPublic(_ words: [String], configPath: String) throws -> ExitCode {
-    let arguments = try Arguments(words, options: [], flags: [])
+    let arguments = try Arguments(words, options: [], flags: ["json"])
     if arguments.flag("help") {
-        print("usage: signctl keys export-public KEY_ID\n\nWrites the PEM SubjectPublicKeyInfo to stdout, byte-identical to `openssl ec -in FILE.p8 -pubout`.")
+        print("usage: signctl keys export-public KEY_ID [--json]\n\nWrites the PEM SubjectPublicKeyInfo to stdout, byte-identical to `openssl ec -in FILE.p8 -pubout`.\nWith --json: {\"key_id\", \"public_key_pem\", \"fingerprint\"} (SHA-256 of the DER SubjectPublicKeyInfo, hex), as keys import --json gives it.")
         return .success
     }
     let keyID = try keyIDArgument(arguments)
     let token = try openToken(configPath: configPath)
     defer { token.close() }
-    FileHandle.standardOutput.write(Data(try exportablePublicKey(token, keyID: keyID).pem.utf8))
+    let publicKey = try exportablePublicKey(token, keyID: keyID)
+    if arguments.flag("json") {
+        printJSON(PublicKeyEntry(key_id: keyID, public_key_pem: publicKey.pem, fingerprint: publicKey.fingerprint))
+    } else {
+        FileHandle.standardOutput.write(Data(publicKey.pem.utf8))
+    }
     return .success
 }
 
@@ -558,9 +587,9 @@ func exportablePublicKey(_ token: HSMToken, keyID: String) throws -> ECPublicKey
 }
 
 func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
-    let arguments = try Arguments(words, options: [], flags: ["yes", "incomplete"])
+    let arguments = try Arguments(words, options: [], flags: ["yes", "incomplete", "json"])
     if arguments.flag("help") {
-        print("usage: signctl keys delete KEY_ID --yes\n       signctl keys delete --incomplete --yes\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.\nWarns key_still_configured when the running signerd (GET /v1/keys on socket_path) still has KEY_ID in keys[];\nwhen no signerd answers there, when keys[] of the configuration file has it (and says so).\nWith --incomplete: removes the EC key objects that carry no key ID, label or curve, left by a write\nthat stopped half-way (keys list counts them); no other object is touched.")
+        print("usage: signctl keys delete KEY_ID --yes [--json]\n       signctl keys delete --incomplete --yes [--json]\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.\nWarns key_still_configured when the running signerd (GET /v1/keys on socket_path) still has KEY_ID in keys[];\nwhen no signerd answers there, when keys[] of the configuration file has it (and says so).\nWith --incomplete: removes the EC key objects that carry no key ID, label or curve, left by a write\nthat stopped half-way (keys list counts them); no other object is touched.")
         return .success
     }
     if arguments.flag("incomplete") {
@@ -571,8 +600,12 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         let token = try openTokenForWriting(loadConfiguration(configPath), configPath: configPath)
         defer { token.close() }
         let removed = try ProcessControl.holdingTerminationSignals { try token.deleteIncompleteKeyObjects() }
-        print(removed == 0 ? "no incomplete key objects on token \(token.label)"
-                           : "deleted \(removed) incomplete key \(removed == 1 ? "object" : "objects") from token \(token.label)")
+        if arguments.flag("json") {
+            printJSON(KeyDeletionEntry(key_id: nil, token_label: token.label, objects_deleted: removed))
+        } else {
+            print(removed == 0 ? "no incomplete key objects on token \(token.label)"
+                               : "deleted \(removed) incomplete key \(removed == 1 ? "object" : "objects") from token \(token.label)")
+        }
         // Objects with no CKA_ID but a key ID for a label are not incomplete:
         // say that they stay, since they stop an import of that key ID.
         let labelOnly = try token.labelOnlyKeyObjects()
@@ -619,6 +652,10 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
                 + "but the running signerd's configuration may, and then it \(outage)\n").utf8))
         }
     }
-    print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")
+    if arguments.flag("json") {
+        printJSON(KeyDeletionEntry(key_id: keyID, token_label: token.label, objects_deleted: removed))
+    } else {
+        print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")
+    }
     return .success
 }

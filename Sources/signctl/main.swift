@@ -11,18 +11,18 @@ Token and keys (talk to the PKCS#11 token named by token_uri in the config):
                          initialize a development token (SoftHSM's module unless --module;
                          reads no configuration); PINs come from files
                          no other user may read (0600, or 0640 with signerd's group)
-  token change-pin --new-pin-file F
+  token change-pin --new-pin-file F [--json]
                          change the user PIN (C_SetPIN) from the one token_uri's pin-source gives;
                          then put the new PIN in every PIN file and restart signerd (reload without LoadCredential=)
   keys import [--key-id ID [--force-key-id]] [--replace] [--allow-duplicate-key] [--json] FILE.p8
                          import an App Store In-App Purchase key (non-extractable, self-tested);
                          a key already on the token under another key ID is refused (65)
   keys list [--json]     key IDs, curve, public key object, CKA_EXTRACTABLE/CKA_SENSITIVE, fingerprint
-  keys export-public KEY_ID
+  keys export-public KEY_ID [--json]
                          the public key as PEM (same bytes as `openssl ec -pubout`)
-  keys delete KEY_ID --yes
+  keys delete KEY_ID --yes [--json]
                          remove a key's objects from the token
-  keys delete --incomplete --yes
+  keys delete --incomplete --yes [--json]
                          remove key objects with no key ID, label or curve (a write stopped half-way)
 
 Daemon (talk to signerd over its Unix socket, socket_path in the config):

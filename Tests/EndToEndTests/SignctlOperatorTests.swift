@@ -555,6 +555,10 @@ struct SignctlPublicKeyOnlyTests {
         #expect(exported.status == 0, "\(exported.stderr)")
         #expect(exported.stdout == files.publicKeyPEM)
         #expect(exported.stderr.contains("only a public key object"), "\(exported.stderr)")
+        let exportedJSON = runSignctl(["--config", config, "keys", "export-public", "ORPHAN0001", "--json"])
+        let exportEntry = try #require(try? JSONSerialization.jsonObject(with: Data(exportedJSON.stdout.utf8)) as? [String: Any], "\(exportedJSON.stdout) \(exportedJSON.stderr)")
+        #expect(exportEntry["key_id"] as? String == "ORPHAN0001" && exportEntry["public_key_pem"] as? String == files.publicKeyPEM)
+        #expect(exportEntry["fingerprint"] as? String == (try ECPublicKey(pem: files.publicKeyPEM)).fingerprint)
         let absent = runSignctl(["--config", config, "keys", "export-public", "NOSUCHKEY1"])
         #expect(absent.status == 65 && absent.stderr.contains("key_not_found"), "\(absent.stderr)")
         let refused = runSignctl(["--config", config, "keys", "import", "--key-id", "ORPHAN0001", files.sec1])
@@ -564,6 +568,11 @@ struct SignctlPublicKeyOnlyTests {
         let deleted = runSignctl(["--config", config, "keys", "delete", "ORPHAN0001", "--yes"])
         #expect(deleted.stdout.contains("(1 object)"), "\(deleted.stdout)")
         #expect(runSignctl(["--config", config, "keys", "import", "--key-id", "ORPHAN0001", files.sec1]).status == 0)
+        // A rotation script reads what was deleted: the private and the public key object.
+        let deletedJSON = runSignctl(["--config", config, "keys", "delete", "ORPHAN0001", "--yes", "--json"])
+        let deletion = try #require(try? JSONSerialization.jsonObject(with: Data(deletedJSON.stdout.utf8)) as? [String: Any], "\(deletedJSON.stdout) \(deletedJSON.stderr)")
+        #expect(deletion["key_id"] as? String == "ORPHAN0001" && deletion["objects_deleted"] as? Int == 2, "\(deletion)")
+        #expect((deletion["token_label"] as? String)?.isEmpty == false, "\(deletion)")
     }
 }
 

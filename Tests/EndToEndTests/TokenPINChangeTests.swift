@@ -47,6 +47,16 @@ struct TokenPINChangeTests {
         defer { daemon.stop() }
         let publicKey = try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM
         #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: publicKey), "signerd logs in with the new PIN and signs")
+
+        // Back to the old PIN, as a script would, reading --json.
+        try writeSecretFile(newFile, oldPIN)
+        let back = runSignctl(["--config", daemon.configPath, "token", "change-pin", "--new-pin-file", newFile, "--json"], environment: environment)
+        #expect(back.status == 0, "\(back.stderr)")
+        let entry = try #require(try? JSONSerialization.jsonObject(with: Data(back.stdout.utf8)) as? [String: Any], "\(back.stdout)")
+        #expect(entry["pin_changed"] as? Bool == true && (entry["token_label"] as? String)?.isEmpty == false, "\(entry)")
+        #expect(!back.stdout.contains(newPIN) && !back.stdout.contains(oldPIN.trimmingCharacters(in: .whitespacesAndNewlines)), "no PIN in the output")
+        try writeSecretFile(pinFile, oldPIN)
+        #expect(runSignctl(["--config", daemon.configPath, "keys", "list"], environment: environment).status == 0, "the old PIN logs in again")
     }
 
     /// Under a small file size limit the login itself cut SoftHSM's token
