@@ -84,7 +84,12 @@ public struct Arguments: Sendable, Equatable {
             } else if options.contains(name) {
                 if value == nil {
                     guard index < words.count else { throw UsageError("--\(name) needs a value") }
-                    value = words[index]
+                    // `--concurrency --requests 1` is a value left out, not the value "--requests".
+                    let next = words[index]
+                    if next.hasPrefix("--"), next == "--help" || options.union(flags).contains(String(next.dropFirst(2).prefix { $0 != "=" })) {
+                        throw UsageError("--\(name) needs a value; \(next) after it is an option")
+                    }
+                    value = next
                     index += 1
                 }
                 guard self.options[name] == nil else { throw UsageError("--\(name) is given twice") }

@@ -245,6 +245,10 @@ func runCommand(_ words: [String]) throws -> ExitCode {
     case ("token", _), ("keys", _), ("verify", _):
         throw UsageError("unknown command \(noun) \(verb)")
     default:
+        // Before the command only --config, --json and --final-try are read.
+        guard !noun.hasPrefix("-") else {
+            throw UsageError("unknown option \(noun) before the command", hint: "before the command: --config FILE, --json, --final-try; run signctl --help")
+        }
         throw UsageError("unknown command \(noun)")
     }
 }

@@ -130,6 +130,8 @@ struct SignctlUsageTests {
         (["sign"], "error: signctl sign needs a command: promotional-offer,", "hint: run signctl sign --help"),
         (["verify"], "error: signctl verify needs a command: promotional-offer, jws", "hint: run signctl verify --help"),
         (["keys", "rotate"], "error: unknown command keys rotate", "hint: "),
+        // It said "unknown command --bogus".
+        (["--bogus", "keys", "list"], "error: unknown option --bogus before the command", "hint: before the command: --config FILE, --json, --final-try"),
     ])
     func missingCommand(arguments: [String], error: String, hint: String) {
         let run = runSignctl(arguments)

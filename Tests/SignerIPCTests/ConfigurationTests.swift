@@ -219,10 +219,14 @@ struct ArgumentsTests {
         #expect(arguments.options == ["key-id": "ABC", "x": "1"])
         #expect(arguments.flags == ["replace", "json"])
         #expect(arguments.positionals == ["file.p8", "--literal"])
+        // A value that merely starts with -- (no option of that name) is still a value.
+        #expect(try Arguments(["--key-id", "--odd"], options: ["key-id"], flags: []).options == ["key-id": "--odd"])
     }
 
     @Test("usage errors name the option", arguments: [
         (["--nope"], "--nope"), (["--key-id"], "--key-id"), (["--json=1"], "--json"), (["--key-id", "a", "--key-id", "b"], "twice"), (["-x"], "-x"),
+        // A value left out before another option: that option is not taken as the value.
+        (["--key-id", "--json"], "--key-id needs a value; --json after it is an option"), (["--key-id", "--help"], "--key-id needs a value"),
     ])
     func errors(_ words: [String], _ expected: String) throws {
         let error = #expect(throws: UsageError.self) { try Arguments(words, options: ["key-id"], flags: ["json"]) }
