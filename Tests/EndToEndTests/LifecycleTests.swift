@@ -333,6 +333,23 @@ struct LifecycleTests {
         #expect(daemon.process?.isRunning == true)
     }
 
+    @Test("SIGHUP with a PIN file saved with a byte-order mark: the reload is refused naming it, and the daemon keeps signing with the PIN in use")
+    func reloadPINWithByteOrderMark() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let pinFile = try CheckConfigTests().pinPath(daemon)
+        let pin = try String(contentsOfFile: pinFile, encoding: .utf8)
+        try writeSecretFile(pinFile, "\u{FEFF}" + pin)
+        let refusedBefore = daemon.log.filter { $0.contains("\"config_reload_refused\"") }.count
+        daemon.send(SIGHUP)
+        let refused = daemon.logged(atLeast: refusedBefore + 1) { $0.contains("\"config_reload_refused\"") }
+        #expect(refused.last?.contains("starts with a UTF-8 byte-order mark") == true, "\(refused)")
+        #expect(!daemon.log.joined().contains(pin.trimmingCharacters(in: .whitespacesAndNewlines)), "no PIN in the log")
+        #expect(try signAndVerify(daemon.client(), keyID: "ABC123DEFG", publicKeyPEM: try #require(daemon.keys["ABC123DEFG"]).publicKeyPEM))
+        try writeSecretFile(pinFile, pin)
+    }
+
     @Test("a key deleted by signctl while signerd runs: a brief 503 while the token is checked, then 404 for it; the other key keeps signing")
     func keyDeletedUnderTheDaemon() throws {
         let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "XYZ987WVUT"])
