@@ -442,10 +442,10 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
                              hint: "leave out --\(option), or --direct to load signerd")
         }
     }
-    if let endpoint = arguments.options["endpoint"], ["offers", "healthz"].contains(endpoint), arguments.options["key-id"] != nil {
+    if let endpoint = arguments.options["endpoint"], [LoadGenerator.Endpoint.offers, .healthz].map(\.rawValue).contains(endpoint), arguments.options["key-id"] != nil {
         // The RevenueCat batch format names no key (the daemon chooses the bundle's), and /healthz signs nothing.
         throw UsageError("--key-id does not apply to --endpoint \(endpoint), whose requests name no key",
-                         hint: endpoint == "offers" ? "signerd chooses the bundle's key for /v1/offers: leave out --key-id, or give the bundle's default_key_id in the configuration" : "leave out --key-id")
+                         hint: endpoint == LoadGenerator.Endpoint.offers.rawValue ? "signerd chooses the bundle's key for /v1/offers: leave out --key-id, or give the bundle's default_key_id in the configuration" : "leave out --key-id")
     }
     if let keyID = arguments.options["key-id"], !KeyID.isValid(keyID) {
         throw UsageError("--key-id must be 10 characters A-Z0-9, as App Store Connect shows it; got \(keyID)")
@@ -494,7 +494,7 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
     }
     guard report.requests > 0 else {
         // A run that completed nothing measured nothing: not a success.
-        FileHandle.standardError.write(Data("error: no request completed in \(String(format: "%.2f", report.durationSeconds)) s\nhint: give a longer --duration, or --requests N\n".utf8))
+        writeError("no request completed in \(String(format: "%.2f", report.durationSeconds)) s", hint: "give a longer --duration, or --requests N")
         return .unavailable
     }
     return report.errorCount == 0 ? .success : .unavailable
