@@ -23,7 +23,8 @@ func call(_ client: SignerClient, _ method: String, _ path: String, body: [UInt8
 /// ``unreachableHint(_:socketPath:)``.
 func unreachable(_ error: SocketError, socketPath: String) -> CommandFailure {
     let code: ExitCode = error.errno == EACCES || error.errno == EPERM ? .noPermission : .unavailable
-    return CommandFailure(code, "signerd is not reachable at \(socketPath): \(error.message)", hint: unreachableHint(error, socketPath: socketPath))
+    return CommandFailure(code, "signerd is not reachable at \(socketPath): \(error.message)", hint: unreachableHint(error, socketPath: socketPath),
+                          errorCode: "daemon_unreachable")
 }
 
 /// What to do about a socket signctl could not use, by the reason. For a
@@ -99,9 +100,9 @@ func failure(from response: ClientResponse) -> CommandFailure {
     default: .software
     }
     let field = error?.field.map { " (field \($0))" } ?? ""
-    var failure = CommandFailure(code, "\(response.status) \(error?.code ?? "error")\(field): \(error?.message ?? String(decoding: response.body, as: UTF8.self))")
-    failure.errorCode = error?.code
-    return failure
+    // An answer without signerd's error object (another server on the socket, a proxy) is named as such.
+    return CommandFailure(code, "\(response.status) \(error?.code ?? "error")\(field): \(error?.message ?? String(decoding: response.body, as: UTF8.self))",
+                          errorCode: error?.code ?? "unexpected_response")
 }
 
 func health(_ words: [String], configPath: String) throws -> ExitCode {
@@ -197,14 +198,14 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
         payload = try PromotionalOfferPayload(bundleID: bundleID, keyID: keyID, productID: productID, offerID: offerID,
                                               appAccountToken: arguments.options["app-account-token"] ?? "", nonce: nonce, timestamp: timestamp)
     } catch {
-        throw CommandFailure(.dataError, "\(error.field): \(error.message)")
+        throw CommandFailure(.dataError, "\(error.field): \(error.message)", errorCode: error.code)
     }
     var problems: [String] = []
     if timestamp < 100_000_000_000 { problems.append("the timestamp looks like seconds; Apple expects milliseconds") }
     guard let der = Data(base64Encoded: signatureText).map(Array.init) else {
         let hint = signatureText.contains("-") || signatureText.contains("_") ? " (it looks like base64url; Apple wants standard Base64 with padding)"
             : signatureText.count % 4 != 0 ? " (the padding is missing)" : ""
-        throw CommandFailure(.dataError, "the signature is not standard Base64\(hint)")
+        throw CommandFailure(.dataError, "the signature is not standard Base64\(hint)", errorCode: "signature_not_base64")
     }
     if der.count == 64, (try? ECDSASignature.raw(fromDER: der, curve: .p256)) == nil {
         problems.append("the signature is 64 bytes: raw r‖s where Apple expects DER")
@@ -232,7 +233,8 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
 ///   not a P-256 public key.
 func readPublicKey(_ path: String) throws -> ECPublicKey {
     func unreadable(_ reason: String, exit: ExitCode = .dataError) -> CommandFailure {
-        CommandFailure(exit, "cannot read the public key \(path): \(reason)", hint: "pass --public-key with the PEM file signctl keys export-public KEY_ID writes")
+        CommandFailure(exit, "cannot read the public key \(path): \(reason)", hint: "pass --public-key with the PEM file signctl keys export-public KEY_ID writes",
+                       errorCode: "public_key_unreadable")
     }
     var info = stat()
     guard stat(path, &info) == 0 else {
@@ -285,7 +287,7 @@ func verifyJWS(_ words: [String]) throws -> ExitCode {
     do {
         decoded = try CompactJWS.decode(token.trimmingCharacters(in: .whitespacesAndNewlines))
     } catch {
-        throw CommandFailure(.dataError, "malformed JWS: \(error.message)")
+        throw CommandFailure(.dataError, "malformed JWS: \(error.message)", errorCode: error.code)
     }
     let valid = publicKey.verify(rawSignature: decoded.signature, digest: SHA256.hash(Array(decoded.signingInput.utf8)))
     func pretty(_ json: String) -> String {

@@ -163,7 +163,8 @@ func refuseRootOnOthersSoftHSMTokens(module: String?, rerun: String) throws {
     // In a directory several users share, the hint prefers signerd's own user.
     let runAs = owners.first { SoftHSMFiles.userName($0) == "signerd" } ?? first.uid
     throw CommandFailure(.noPermission, "signctl runs as root, but SoftHSM's token directory \(first.path) belongs to \(owners.count == 1 ? described : "another user (the directories in \(tokenDirectory) belong to \(described))"): SoftHSM writes each object as a file of the writer's own, so what root writes there only root can read, and signerd would not see it; nothing was changed",
-                         hint: "run signctl as the user signerd runs as: runuser -u \(SoftHSMFiles.userName(runAs, bare: true)) -- \(rerun)")
+                         hint: "run signctl as the user signerd runs as: runuser -u \(SoftHSMFiles.userName(runAs, bare: true)) -- \(rerun)",
+                         errorCode: "token_directory_owner")
 }
 
 /// `token`, checked to be still in storage when a file size limit
@@ -198,7 +199,8 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
     try lockSoftHSMTokens(module: uri.modulePath ?? uri.moduleName)
     let fileSizeLimit = ProcessControl.raiseFileSizeLimit()
     if let limit = fileSizeLimit, let problem = SoftHSMFiles.loginWouldCut(limit: limit, module: uri.modulePath ?? uri.moduleName) {
-        throw CommandFailure(.config, "file_size_limit: \(problem)", hint: "ulimit -f unlimited (in the shell signctl runs from), or remove LimitFSIZE= from the unit")
+        throw CommandFailure(.config, "file_size_limit: \(problem)", hint: "ulimit -f unlimited (in the shell signctl runs from), or remove LimitFSIZE= from the unit",
+                             errorCode: "file_size_limit")
     }
     do {
         // SoftHSM rewrites its token file at C_Login as well.
@@ -245,10 +247,11 @@ func lockSoftHSMTokens(module: String?) throws {
     case .stopped:
         // The signal is raised again once the command returns; nothing was written.
         stoppedBeforeWriting.withLock { $0 = true }
-        throw CommandFailure(.tempFail, "stopped while waiting for the lock on the SoftHSM tokens in \(directory): nothing was changed")
+        throw CommandFailure(.tempFail, "stopped while waiting for the lock on the SoftHSM tokens in \(directory): nothing was changed", errorCode: "interrupted")
     case .timedOut(let holder):
         throw CommandFailure(.tempFail, "another process\(holder.map { " (\($0))" } ?? "") has held the lock on the SoftHSM tokens in \(directory) for \(Int(tokenLockSeconds)) s (signctl takes it so that two commands never rewrite SoftHSM's token files at once)",
-                             hint: "let that process finish (signctl bench --direct holds it for its whole run), then run this command again")
+                             hint: "let that process finish (signctl bench --direct holds it for its whole run), then run this command again",
+                             errorCode: "token_lock_timeout")
     }
 }
 
@@ -352,7 +355,8 @@ func tokenChangePIN(_ words: [String], configPath: String) throws -> ExitCode {
     if let current = try? uri.readPIN(), current.hasSameBytes(as: newPIN) {
         let source = uri.pinSource.flatMap(PKCS11URI.pinFilePath).map { "the PIN file \($0)" } ?? "the pin-value"
         throw CommandFailure(.dataError, "the new PIN (--new-pin-file \(newPINFile)) is the same as the current one, from \(source) that token_uri of \(configPath) names; nothing was sent to the token",
-                             hint: "write the new PIN, different from the current one, into \(newPINFile)")
+                             hint: "write the new PIN, different from the current one, into \(newPINFile)",
+                             errorCode: "pin_unchanged")
     }
     let token = try openTokenForWriting(config, configPath: configPath)
     defer { token.close() }
@@ -398,9 +402,7 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
         let searchDenied = stat(path, &info) != 0 && errno == EACCES
         guard let unreadable = unreadableFile(path) ?? (searchDenied ? "this user (uid \(geteuid())) may not search a directory on the path to \(path)" : nil) else { throw error }
         // This user may not read it: a permission problem (sysexits 77), not bad data.
-        var failure = CommandFailure(.noPermission, error.description, hint: "\(unreadable): run signctl as the file's owner or as root")
-        failure.errorCode = error.code.rawValue
-        throw failure
+        throw CommandFailure(.noPermission, error.description, hint: "\(unreadable): run signctl as the file's owner or as root", errorCode: error.code.rawValue)
     }
     let nameKeyID = ECPrivateKeyMaterial.keyID(fromFileName: path)
     guard let keyID = arguments.options["key-id"] ?? nameKeyID else {
@@ -424,7 +426,8 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     // key_exists would say "pass --replace" about a key that signs nothing.
     if !arguments.flag("replace"), try token.publicKeyOnlyIDs().contains(keyID) {
         throw CommandFailure(.dataError, "key_exists: only a public key object with key ID \(keyID) is on token \(token.label), with no private key (left by an import or a tool that stopped half-way)",
-                             hint: "remove it with: signctl keys delete \(keyID) --yes (or pass --replace)")
+                             hint: "remove it with: signctl keys delete \(keyID) --yes (or pass --replace)",
+                             errorCode: "key_exists")
     }
     let result = try ProcessControl.holdingTerminationSignals {
         // Read back from storage, as signerd will read it, before the old

@@ -58,11 +58,12 @@ Exit codes: 0 ok, 64 usage, 65 bad data, 69 unavailable (daemon, token or module
 """
 
 /// A failure as `--json` writes it on stdout: `{"error": {"code", "message",
-/// "hint", "exit_code"}}`, beside the same words on stderr. `code` is the
-/// stable code of a token, key-file or daemon error when there is one, and
-/// `usage` for a usage error (exit 64).
+/// "hint", "exit_code"}}`, beside the same words on stderr. `code` is
+/// always there: the stable code of a token, key-file or daemon error,
+/// signctl's own (`daemon_unreachable`, `malformed_jws`, …), or `usage`
+/// for a usage error (exit 64).
 struct JSONFailure: Encodable {
-    let code: String?
+    let code: String
     let message: String
     let hint: String?
     let exitCode: Int32
@@ -77,18 +78,20 @@ struct CommandFailure: Error {
     let code: ExitCode
     let message: String
     let hint: String?
-    /// The daemon's error code (`invalid_field`, …) when the daemon refused.
-    var errorCode: String?
-    init(_ code: ExitCode, _ message: String, hint: String? = nil) {
+    /// The stable code `--json` reports: the daemon's own (`invalid_field`,
+    /// …) when the daemon refused, the token's or key file's, or signctl's
+    /// (`daemon_unreachable`, `malformed_jws`, …).
+    var errorCode: String
+    init(_ code: ExitCode, _ message: String, hint: String? = nil, errorCode: String) {
         self.code = code
         self.message = message
         self.hint = hint
+        self.errorCode = errorCode
     }
     /// The failure for `error`, keeping its code for `--json`, with more
     /// words than the library's.
     init(_ error: HSMError, message: String? = nil, hint: String?) {
-        self.init(exitCode(for: error), message ?? error.description, hint: hint)
-        errorCode = error.code.rawValue
+        self.init(exitCode(for: error), message ?? error.description, hint: hint, errorCode: error.code.rawValue)
     }
 }
 
@@ -195,9 +198,7 @@ func loadConfiguration(_ path: String) throws -> SignerConfiguration {
         } else {
             hint = "\(path) (from \(source)) is not a regular file: pass --config FILE"
         }
-        var failure = CommandFailure(.config, error.message, hint: hint)
-        failure.errorCode = "config_invalid"
-        throw failure
+        throw CommandFailure(.config, error.message, hint: hint, errorCode: "config_invalid")
     }
 }
 
@@ -261,7 +262,7 @@ ProcessControl.disableCoreDumps()
 /// as one JSON object on stdout).
 /// - Returns: the exit status.
 func runReporting(_ words: [String]) -> Int32 {
-    var caught: (message: String, hint: String?, code: ExitCode, errorCode: String?)?
+    var caught: (message: String, hint: String?, code: ExitCode, errorCode: String)?
     do {
         try Arguments.checkUTF8((1..<Int(CommandLine.argc)).map { index in
             CommandLine.unsafeArgv[index].map { Array(UnsafeBufferPointer(start: UnsafeRawPointer($0).assumingMemoryBound(to: UInt8.self), count: strlen($0))) } ?? []
@@ -279,16 +280,16 @@ func runReporting(_ words: [String]) -> Int32 {
         if let response = error.response {
             // The daemon refused bench's first request (403, 429, 503): its own code and words.
             let refusal = failure(from: response)
-            caught = ("\(error.description): \(refusal.message)", refusal.hint, refusal.code, response.error?.code)
+            caught = ("\(error.description): \(refusal.message)", refusal.hint, refusal.code, refusal.errorCode)
         } else {
             // bench's --key-id names no configured key, or the key has no public key for --verify.
-            caught = (error.description, nil, .dataError, nil)
+            caught = (error.description, nil, .dataError, "bench_not_started")
         }
     } catch {
         // Every error signctl expects is caught above; anything else is its own fault.
-        caught = ("\(error)", nil, .software, nil)
+        caught = ("\(error)", nil, .software, "internal")
     }
-    let reported = caught ?? ("unknown failure", nil, .software, nil)
+    let reported = caught ?? ("unknown failure", nil, .software, "internal")
     writeError(reported.message, hint: reported.hint)
     // A script that asked for --json reads one JSON object on stdout either way.
     if words.contains("--json") {

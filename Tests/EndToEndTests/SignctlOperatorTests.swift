@@ -1006,6 +1006,19 @@ struct SignctlHintTests {
         #expect(early.status == 65, "\(early.stderr)")
         let earlyObject = try #require(try JSONSerialization.jsonObject(with: Data(early.stdout.utf8)) as? [String: [String: Any]], "\(early.stdout)")
         #expect(earlyObject["error"]?["code"] as? String == "key_file_unreadable")
+        // Failures signctl finds itself carry a code too: a script had
+        // {"error": {"message": …}} with no code for a daemon not running
+        // and for a malformed JWS.
+        let unreachable = runSignctl(["--config", config, "health", "--json"])
+        #expect(unreachable.status == 69, "\(unreachable.stderr)")
+        let unreachableObject = try #require(try JSONSerialization.jsonObject(with: Data(unreachable.stdout.utf8)) as? [String: [String: Any]], "\(unreachable.stdout)")
+        #expect(unreachableObject["error"]?["code"] as? String == "daemon_unreachable", "\(unreachable.stdout)")
+        let pem = TemporaryDirectory.make(prefix: "signerd-json-failure") + "/example.pem"
+        try DocsExamplesTests.publicKeyPEM().write(toFile: pem, atomically: false, encoding: .utf8)
+        let malformed = runSignctl(["verify", "jws", "not-a-jws", "--public-key", pem, "--json"])
+        #expect(malformed.status == 65, "\(malformed.stderr)")
+        let malformedObject = try #require(try JSONSerialization.jsonObject(with: Data(malformed.stdout.utf8)) as? [String: [String: Any]], "\(malformed.stdout)")
+        #expect(malformedObject["error"]?["code"] as? String == "jws_format", "\(malformed.stdout)")
         // Put at the end, it became the value of an option left without one.
         let unfinished = runSignctl(["--json", "verify", "jws", "e30.e30.AA", "--public-key"])
         #expect(unfinished.status == 64 && unfinished.stderr.contains("--public-key needs a value"), "\(unfinished.stderr)")
