@@ -311,12 +311,19 @@ func verifyJWS(_ words: [String]) throws -> ExitCode {
 /// (U+061C, U+200E, U+200F, U+202A–U+202E, U+2066–U+2069), which reorder
 /// what is shown. A claim read from a token someone handed over is shown
 /// as it is, not as it would look.
-func escapingInvisible(_ text: String) -> String {
+/// - Parameters:
+///   - text: what to show.
+///   - controls: also escape the C0 controls but the line feed, and DEL
+///     (ESC starts a terminal escape sequence, CR overwrites the line):
+///     for error messages, which may quote the operator's own arguments.
+func escapingInvisible(_ text: String, controls: Bool = false) -> String {
     var out = ""
     out.unicodeScalars.reserveCapacity(text.unicodeScalars.count)
     for scalar in text.unicodeScalars {
+        let control = (scalar.value < 0x20 && scalar.value != 0x0A) || scalar.value == 0x7F
         switch scalar.value {
-        case 0x80...0x9F, 0x61C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069:
+        case _ where control && controls,
+             0x80...0x9F, 0x61C, 0x200E, 0x200F, 0x202A...0x202E, 0x2066...0x2069:
             out += "\\u" + String(repeating: "0", count: 4 - String(scalar.value, radix: 16).count) + String(scalar.value, radix: 16, uppercase: true)
         default:
             out.unicodeScalars.append(scalar)

@@ -118,7 +118,7 @@ func operatorLogger() -> Logger {
         var text = "\(level == .warning ? "warning" : "error"): \(message)"
         if !fields.isEmpty { text += ": " + fields.joined(separator: " ") }
         if let hint = metadata.first(where: { $0.key == "hint" })?.value { text += "\nhint: \(hint)" }
-        FileHandle.standardError.write(Data((text + "\n").utf8))
+        writeStandardError(text + "\n")
     }
 }
 
@@ -236,14 +236,14 @@ func lockSoftHSMTokens(module: String?) throws {
     guard heldTokenLock.withLock({ $0 == nil }), let directory = SoftHSMFiles.tokenDirectory(module: module) else { return }
     let outcome = ProcessControl.beforeTokenWrite {
         SoftHSMFiles.lockTokens(in: directory, timeout: tokenLockSeconds, shouldStop: { ProcessControl.heldTerminationSignal != 0 }) { holder in
-            FileHandle.standardError.write(Data("waiting: another process\(holder.map { " (\($0))" } ?? "") holds the lock on the SoftHSM tokens in \(directory)\n".utf8))
+            writeStandardError("waiting: another process\(holder.map { " (\($0))" } ?? "") holds the lock on the SoftHSM tokens in \(directory)\n")
         }
     }
     switch outcome {
     case .held(let lock): heldTokenLock.withLock { $0 = lock }
     case .notApplicable(nil): break
     case .notApplicable(let problem?):
-        FileHandle.standardError.write(Data("warning: going on without the SoftHSM token lock: \(problem); remove it, and signctl makes the lock file again\n".utf8))
+        writeStandardError("warning: going on without the SoftHSM token lock: \(problem); remove it, and signctl makes the lock file again\n")
     case .stopped:
         // The signal is raised again once the command returns; nothing was written.
         stoppedBeforeWriting.withLock { $0 = true }
@@ -312,14 +312,14 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     // user (the shipped unit runs as signerd) could not read them.
     if geteuid() == 0, case .initialized = outcome, let service = getpwnam("signerd"), service.pointee.pw_uid != 0,
        let directory = SoftHSMFiles.tokenDirectory(module: module) {
-        FileHandle.standardError.write(Data(("warning: token \(label) was made as root, in \(directory): SoftHSM wrote its files for root alone, so signerd running as the user signerd cannot use it; "
-            + "unless signerd runs as root, delete it (softhsm2-util --delete-token --token \(label)) and run: runuser -u signerd -- signctl token init …\n").utf8))
+        writeStandardError(("warning: token \(label) was made as root, in \(directory): SoftHSM wrote its files for root alone, so signerd running as the user signerd cannot use it; "
+            + "unless signerd runs as root, delete it (softhsm2-util --delete-token --token \(label)) and run: runuser -u signerd -- signctl token init …\n"))
     }
     // Allowed (a development token), but whoever holds the user PIN can then
     // also act as security officer: set a new user PIN, or wipe the token.
     if soPIN.hasSameBytes(as: userPIN) {
-        FileHandle.standardError.write(Data(("warning: the user PIN (--pin-file \(userPINFile)) and the SO PIN (--so-pin-file \(soPINFile)) are the same: "
-            + "whoever can log in as the user can also act as security officer (C_InitPIN, C_InitToken); use a different SO PIN, kept apart from signerd's files\n").utf8))
+        writeStandardError(("warning: the user PIN (--pin-file \(userPINFile)) and the SO PIN (--so-pin-file \(soPINFile)) are the same: "
+            + "whoever can log in as the user can also act as security officer (C_InitPIN, C_InitToken); use a different SO PIN, kept apart from signerd's files\n"))
     }
     return .success
 }
@@ -419,7 +419,7 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     let material = try ECPrivateKeyMaterial(contentsOf: path)
     if material.hasOtherText {
         // OpenSSL skips what surrounds the key: a file put together by hand may not be the one meant.
-        FileHandle.standardError.write(Data("warning: \(path) holds more than the private key (a certificate, a public key, or other text before it); only the private key is read: check that it is the key App Store Connect lists under key ID \(keyID)\n".utf8))
+        writeStandardError("warning: \(path) holds more than the private key (a certificate, a public key, or other text before it); only the private key is read: check that it is the key App Store Connect lists under key ID \(keyID)\n")
     }
     let token = try openTokenForWriting(loadConfiguration(configPath), configPath: configPath)
     defer { token.close() }
@@ -436,7 +436,7 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
         try token.importKey(material, keyID: keyID, replace: arguments.flag("replace"), allowDuplicateKey: arguments.flag("allow-duplicate-key"), confirmingStorage: true)
     }
     if !result.duplicateOf.isEmpty {
-        FileHandle.standardError.write(Data("note: the same key is also on token \(token.label) as key ID \(result.duplicateOf.joined(separator: ", ")) (--allow-duplicate-key)\n".utf8))
+        writeStandardError("note: the same key is also on token \(token.label) as key ID \(result.duplicateOf.joined(separator: ", ")) (--allow-duplicate-key)\n")
     }
     if arguments.flag("json") {
         printJSON(KeyImportEntry(key_id: result.keyID, fingerprint: result.publicKey.fingerprint, replaced: result.replaced, token_label: token.label))
@@ -507,19 +507,19 @@ func keysList(_ words: [String], configPath: String) throws -> ExitCode {
             _ = try token.publicKey(keyID: keyID)
         } catch {
             guard error.code == .keyInvalid else { continue }
-            FileHandle.standardError.write(Data("warning: key_invalid: \(error.message)\n".utf8))
+            writeStandardError("warning: key_invalid: \(error.message)\n")
         }
     }
     let labelOnly = try token.labelOnlyKeyObjects()
     if !labelOnly.isEmpty {
         // On stderr, as the incomplete objects below: --json stays a list of keys.
-        FileHandle.standardError.write(Data(namesakeNote("token \(token.label) holds key objects with no CKA_ID labelled with a key ID", labelOnly.map(\.description),
-                                                         blocking: Array(Set(labelOnly.map(\.label))).sorted()).utf8))
+        writeStandardError(namesakeNote("token \(token.label) holds key objects with no CKA_ID labelled with a key ID", labelOnly.map(\.description),
+                                                         blocking: Array(Set(labelOnly.map(\.label))).sorted()))
     }
     let incomplete = try token.incompleteKeyObjectCount()
     if incomplete > 0 {
         // On stderr, so that --json stays a list of keys.
-        FileHandle.standardError.write(Data("note: token \(token.label) holds \(incomplete) incomplete key \(incomplete == 1 ? "object" : "objects") (no key ID, label or curve), left by a write that stopped half-way; \(incomplete == 1 ? "it signs" : "they sign") nothing\nhint: remove \(incomplete == 1 ? "it" : "them") with: signctl keys delete --incomplete --yes\n".utf8))
+        writeStandardError("note: token \(token.label) holds \(incomplete) incomplete key \(incomplete == 1 ? "object" : "objects") (no key ID, label or curve), left by a write that stopped half-way; \(incomplete == 1 ? "it signs" : "they sign") nothing\nhint: remove \(incomplete == 1 ? "it" : "them") with: signctl keys delete --incomplete --yes\n")
     }
     if arguments.flag("json") {
         printJSON(keys.map {
@@ -584,7 +584,7 @@ func exportablePublicKey(_ token: HSMToken, keyID: String) throws -> ECPublicKey
         return try token.publicKey(keyID: keyID)
     } catch {
         guard error.code == .keyNotFound, let orphan = try? token.publicKeyObject(keyID: keyID) else { throw error }
-        FileHandle.standardError.write(Data("note: \(keyID) has only a public key object on the token (no private key: it signs nothing)\n".utf8))
+        writeStandardError("note: \(keyID) has only a public key object on the token (no private key: it signs nothing)\n")
         return orphan
     }
 }
@@ -613,8 +613,8 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         // say that they stay, since they stop an import of that key ID.
         let labelOnly = try token.labelOnlyKeyObjects()
         if !labelOnly.isEmpty {
-            FileHandle.standardError.write(Data(namesakeNote("left alone on token \(token.label), not incomplete (a label, no CKA_ID)", labelOnly.map(\.description),
-                                                             blocking: Array(Set(labelOnly.map(\.label))).sorted()).utf8))
+            writeStandardError(namesakeNote("left alone on token \(token.label), not incomplete (a label, no CKA_ID)", labelOnly.map(\.description),
+                                                             blocking: Array(Set(labelOnly.map(\.label))).sorted()))
         }
         return .success
     }
@@ -632,7 +632,7 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     // What carries the key ID and was not deleted stops its next import.
     let namesakes = try token.keyNamesakes(keyID: keyID)
     if !namesakes.isEmpty {
-        FileHandle.standardError.write(Data(namesakeNote("left alone on token \(token.label)", namesakes, blocking: [keyID]).utf8))
+        writeStandardError(namesakeNote("left alone on token \(token.label)", namesakes, blocking: [keyID]))
     }
     // A signerd that still has it configured takes its disappearance for
     // the token's storage going away: every key answers 503 for about a
@@ -643,16 +643,16 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     case .answered(let keys):
         // A key signerd serves from another token is not the one deleted here.
         if keys.contains(where: { $0.keyID == keyID && $0.tokenLabel == token.label }) {
-            FileHandle.standardError.write(Data("warning: key_still_configured: \(keyID) is in keys[] of the running signerd (GET /v1/keys on \(configuration.socketPath)); it \(outage)\n".utf8))
+            writeStandardError("warning: key_still_configured: \(keyID) is in keys[] of the running signerd (GET /v1/keys on \(configuration.socketPath)); it \(outage)\n")
         }
     case .unanswered(let reason, let notRunning):
         if configuration.keys.contains(where: { $0.keyID == keyID }) {
-            FileHandle.standardError.write(Data(("warning: key_still_configured: \(keyID) is in keys[] of \(configPath), signctl's configuration, read because signerd did not answer "
-                + "GET /v1/keys on \(configuration.socketPath) (\(reason)); a signerd running with it \(outage)\n").utf8))
+            writeStandardError(("warning: key_still_configured: \(keyID) is in keys[] of \(configPath), signctl's configuration, read because signerd did not answer "
+                + "GET /v1/keys on \(configuration.socketPath) (\(reason)); a signerd running with it \(outage)\n"))
         } else if !notRunning {
             // Something listens there that could not say: the file is all signctl has, and it may be out of date.
-            FileHandle.standardError.write(Data(("note: could not ask signerd on \(configuration.socketPath) which keys it serves (\(reason)); keys[] of \(configPath) does not list \(keyID), "
-                + "but the running signerd's configuration may, and then it \(outage)\n").utf8))
+            writeStandardError(("note: could not ask signerd on \(configuration.socketPath) which keys it serves (\(reason)); keys[] of \(configPath) does not list \(keyID), "
+                + "but the running signerd's configuration may, and then it \(outage)\n"))
         }
     }
     if arguments.flag("json") {

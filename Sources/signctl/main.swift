@@ -96,9 +96,15 @@ struct CommandFailure: Error {
 }
 
 func writeError(_ message: String, hint: String? = nil) {
-    var text = "error: \(message)\n"
-    if let hint { text += "hint: \(hint)\n" }
-    FileHandle.standardError.write(Data(text.utf8))
+    writeStandardError("error: \(message)\n" + (hint.map { "hint: \($0)\n" } ?? ""))
+}
+
+/// Writes `text` to stderr with its control characters but the line feed
+/// shown as escapes (``escapingInvisible(_:controls:)``): a message may quote
+/// an argument or a path as given, and its escape bytes are shown, not run
+/// by the terminal.
+func writeStandardError(_ text: String) {
+    FileHandle.standardError.write(Data(escapingInvisible(text, controls: true).utf8))
 }
 
 func printJSON(_ value: some Encodable) {
@@ -317,7 +323,7 @@ let words = Array(CommandLine.arguments.dropFirst())
 let fileSizeLimit = ProcessControl.raiseFileSizeLimit()
 let opensToken = holdsSignalsThroughout(words) || words.contains("--direct")
 if let bytes = fileSizeLimit, opensToken {
-    FileHandle.standardError.write(Data("warning: file_size_limit: \(ProcessControl.fileSizeLimitWarning(bytes))\n".utf8))
+    writeStandardError("warning: file_size_limit: \(ProcessControl.fileSizeLimitWarning(bytes))\n")
 }
 let status = holdsSignalsThroughout(words)
     ? ProcessControl.holdingTerminationSignals {
@@ -331,7 +337,7 @@ let status = holdsSignalsThroughout(words)
         let held = ProcessControl.heldTerminationSignal
         if held != 0 && !stoppedBeforeWriting.withLock({ $0 }) {
             let name = [SIGINT: "SIGINT", SIGTERM: "SIGTERM", SIGHUP: "SIGHUP", SIGQUIT: "SIGQUIT"][held] ?? "signal \(held)"
-            FileHandle.standardError.write(Data("stopping for \(name) now that the command has run to its end: what it printed above is what it did (the exit status is the signal's, \(128 + held) in a shell)\n".utf8))
+            writeStandardError("stopping for \(name) now that the command has run to its end: what it printed above is what it did (the exit status is the signal's, \(128 + held) in a shell)\n")
         }
         return status
     }

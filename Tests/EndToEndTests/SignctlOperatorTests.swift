@@ -978,6 +978,22 @@ struct SignctlInterruptTests {
 
 @Suite("signctl: errors that say what to do about them")
 struct SignctlHintTests {
+    /// An attack round found an argument's escape bytes echoed raw to
+    /// stderr, where a terminal acts on them (colours, a moved cursor, a
+    /// retitled window).
+    @Test("an argument's control characters are shown as escapes on stderr, not sent to the terminal; --json keeps them as JSON escapes")
+    func controlCharactersInArguments() throws {
+        let unknown = runSignctl(["bad\u{1B}]0;owned\u{07}\u{1B}[31m\rcommand"])
+        #expect(unknown.status == 64, "\(unknown.stderr)")
+        #expect(!unknown.stderr.unicodeScalars.contains { $0.value < 0x20 && $0 != "\n" }, "\(unknown.stderr.debugDescription)")
+        #expect(unknown.stderr.contains(#"bad\u001B]0;owned\u0007\u001B[31m\u000Dcommand"#), "\(unknown.stderr.debugDescription)")
+        let json = runSignctl(["verify", "jws", "x\u{1B}[2J", "--public-key", "/nonexistent/\u{1B}[2J.pem", "--json"])
+        #expect(json.status == 65, "\(json.stderr)")
+        #expect(!json.stderr.contains("\u{1B}") && json.stderr.contains(#"/nonexistent/\u001B[2J.pem"#), "\(json.stderr.debugDescription)")
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(json.stdout.utf8)) as? [String: [String: Any]], "\(json.stdout)")
+        #expect((object["error"]?["message"] as? String)?.contains("/nonexistent/\u{1B}[2J.pem") == true, "\(json.stdout)")
+    }
+
     /// `--json` shaped only successful output: a script reading stdout got
     /// nothing when the command failed.
     @Test("with --json a failure is also one JSON object on stdout: code, message, hint, exit_code; stderr keeps the words")
