@@ -38,8 +38,11 @@ struct JSONReader {
         /// ``beyondDouble``): its text as an error names it, and where it sits.
         var inexact: (text: String, path: String)?
         /// The first member name given twice in one object (the one whose
-        /// second name comes first in the text), and its path.
-        var repeated: (name: String, path: String)?
+        /// second name comes first in the text), and its path; `firstSpelling`
+        /// is the other name when the two differ in their bytes but are
+        /// canonically equivalent (`"e\u{301}"` and `"\u{E9}"`), which Swift's
+        /// `String`, and so signerd, takes for one name.
+        var repeated: (name: String, path: String, firstSpelling: String?)?
         /// ``repeated`` in words for an error message, quoting 200
         /// characters of the name and of the path (they come from the text):
         /// `"offer_id" appears more than once in one object (generate_offers[0].offer_id)`,
@@ -47,7 +50,14 @@ struct JSONReader {
         var repeatedInWords: String? {
             guard let repeated else { return nil }
             let place = repeated.path == repeated.name ? "" : " (\(JSONText.shortened(repeated.path)))"
-            return "\"\(JSONText.shortened(repeated.name))\" appears more than once in one object\(place)"
+            var spellings = ""
+            if let first = repeated.firstSpelling {
+                func codePoints(_ name: String) -> String {
+                    JSONText.shortened(name.unicodeScalars.map { "U+" + String($0.value, radix: 16, uppercase: true) }.joined(separator: " "))
+                }
+                spellings = ", spelled \(codePoints(first)) and \(codePoints(repeated.name)): one name in Unicode canonical equivalence, which signerd does not tell apart"
+            }
+            return "\"\(JSONText.shortened(repeated.name))\" appears more than once in one object\(spellings)\(place)"
         }
         /// The first number beyond what a `Double` holds (`1e309`, an
         /// integer of 310 digits): its text (shortened past 200
@@ -90,7 +100,7 @@ struct JSONReader {
     private var steps: [JSONStep] = []
     private var inexact: (text: String, path: String)?
     /// With the byte offset of the repeat's name: see ``readObject()``.
-    private var repeated: (name: String, path: String, offset: Int)?
+    private var repeated: (name: String, path: String, offset: Int, firstSpelling: String?)?
     private var beyondDouble: (text: String, path: String)?
     private var topLevelNumbers: [String: String] = [:]
 
@@ -109,7 +119,7 @@ struct JSONReader {
         guard index == text.count else {
             throw Syntax(reason: "\(describe(at: index)) at byte \(index) follows the JSON value; the text must hold one value only")
         }
-        return Document(value: value, inexact: inexact, repeated: repeated.map { ($0.name, $0.path) }, beyondDouble: beyondDouble,
+        return Document(value: value, inexact: inexact, repeated: repeated.map { ($0.name, $0.path, $0.firstSpelling) }, beyondDouble: beyondDouble,
                         topLevelNumbers: topLevelNumbers)
     }
 
@@ -172,7 +182,9 @@ struct JSONReader {
             // that value was found first; this name stands before it in the
             // text and takes its place (at most once per enclosing level).
             if members.updateValue(value, forKey: name) != nil, repeated.map({ nameOffset < $0.offset }) ?? true {
-                repeated = (name, path(appending: name), nameOffset)
+                // The dictionary keeps the first name it was given.
+                let first = members.index(forKey: name).map { members[$0].key }
+                repeated = (name, path(appending: name), nameOffset, first.flatMap { $0.utf8.elementsEqual(name.utf8) ? nil : $0 })
             }
             if try readSeparator(closedBy: UInt8(ascii: "}"), after: "member's value") { return .object(members) }
         }

@@ -38,6 +38,25 @@ struct RepeatedMemberTests {
         }
     }
 
+    /// An attack round sent an Advanced Commerce `request` with "é" once
+    /// precomposed and once as e + U+0301: refused as a repeat (Swift's
+    /// `String` compares canonically), with a message that said the same
+    /// name was given twice, which its bytes are not.
+    @Test("names that differ in bytes but are canonically equivalent are refused, the message giving both spellings' code points")
+    func canonicallyEquivalent() throws {
+        for body in [#"{"request":{"caf\u00e9":1,"cafe\u0301":2}}"#, "{\"request\":{\"caf\u{E9}\":1,\"cafe\u{301}\":2}}"] {
+            let repeated = try #require(try JSONReader.read(Array(body.utf8), exactNumbers: true).repeated, "\(body)")
+            #expect(repeated.firstSpelling.map { Array($0.unicodeScalars) } == ["c", "a", "f", "\u{E9}"], "\(repeated)")
+            #expect(Array(repeated.name.unicodeScalars) == ["c", "a", "f", "e", "\u{301}"], "\(repeated)")
+            let error = #expect(throws: APIError.self) { _ = try FieldReader(json: Array(body.utf8), allowed: Self.allowed) }
+            #expect(error?.code == .invalidJSON, "\(String(describing: error))")
+            #expect(error?.message.contains("spelled U+63 U+61 U+66 U+E9 and U+63 U+61 U+66 U+65 U+301: one name in Unicode canonical equivalence") == true, "\(error?.message ?? "")")
+        }
+        // Byte-equal repeats keep the plain message.
+        let plain = try #require(try JSONReader.read(Array(#"{"a":1,"a":2}"#.utf8), exactNumbers: true).repeated)
+        #expect(plain.firstSpelling == nil)
+    }
+
     @Test("not found where names differ, sit in sibling objects, or only look like names", arguments: [
         #"{"bundle_id":"a","product_id":"b","offer_id":"c"}"#,
         #"{"generate_offers":[{"offer_id":"x"},{"offer_id":"y"}]}"#,
