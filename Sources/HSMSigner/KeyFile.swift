@@ -89,22 +89,23 @@ public final class ECPrivateKeyMaterial: Sendable {
                 throw CryptoError(.keyFileInvalid, "the key file is binary DER, not PEM: convert it with: openssl pkey -inform DER -in FILE -out AuthKey_KEYID.p8, then import that")
             }
             let error = CryptoError(.keyFileInvalid, "not a PEM private key: expected -----BEGIN PRIVATE KEY----- (PKCS#8) or -----BEGIN EC PRIVATE KEY----- (SEC1), unencrypted")
+            // App Store Connect lets a key be downloaded once: "download it again" is no repair.
+            let intactCopy = "use an intact copy of the .p8 (App Store Connect lets you download a key once; with no intact copy, revoke the key and make a new one)"
             // OpenSSL's reason text for EC_R_POINT_IS_NOT_ON_CURVE.
             if error.openSSLErrors.contains(where: { $0.hasSuffix(":point is not on curve") }) {
-                throw CryptoError(.keyFileInvalid, "the key's public point is not on the curve: the file is damaged or was edited; download the key again from App Store Connect")
+                throw CryptoError(.keyFileInvalid, "the key's public point is not on the curve: the file is damaged or was edited; \(intactCopy)")
             }
             // The right header, yet nothing OpenSSL can read: a damaged copy, not the wrong kind of file.
             let (begins, ends) = pem.withUnsafeBytes { bytes in
                 (ECPrivateKeyMaterial.count(bytes, "-----BEGIN PRIVATE KEY-----") + ECPrivateKeyMaterial.count(bytes, "-----BEGIN EC PRIVATE KEY-----"),
                  ECPrivateKeyMaterial.count(bytes, "-----END PRIVATE KEY-----") + ECPrivateKeyMaterial.count(bytes, "-----END EC PRIVATE KEY-----"))
             }
-            let intactCopy = "use an intact copy of the .p8 (App Store Connect lets you download a key once; with no intact copy, revoke the key and make a new one)"
             if begins == 1 && ends == 0 {
                 throw CryptoError(.keyFileInvalid, "the key file's PEM block has no -----END line: the file is cut short; \(intactCopy)")
             }
             if begins == 1 && ends == 1 {
                 throw CryptoError(.keyFileInvalid, "the key file's PEM block does not decode: its Base64, or the key inside it, is damaged (cut short or edited), "
-                                  + "or it is a SEC1 key without its curve parameters (convert such a key with: openssl pkcs8 -topk8 -nocrypt, naming the curve); \(intactCopy)")
+                                  + "or it is a SEC1 key (BEGIN EC PRIVATE KEY) written without its curve parameters, which OpenSSL cannot read and so no openssl command converts; \(intactCopy)")
             }
             throw error
         }

@@ -119,6 +119,12 @@ struct OperatorKeyFileTests {
         #expect(apple.count == 150 && Array(apple.suffix(65)) == ownPoint)
         apple.replaceSubrange((apple.count - otherPoint.count)..., with: otherPoint)
         let mismatched = try Self.write("mismatched.p8", TestKeyFiles.pem("PRIVATE KEY", apple, lineEnding: "\n"))
+        // SEC1 without its curve parameters (the [0] element, a0 0a and the OID, taken out): the hint
+        // was to convert it with openssl pkcs8, which cannot read it either.
+        let sec1 = [UInt8](try run(["openssl", "ec", "-in", files.sec1, "-outform", "DER"]))
+        #expect(sec1.count == 121 && sec1[1] == 0x77 && sec1[39] == 0xA0 && sec1[40] == 0x0A, "\(sec1.prefix(41))")
+        let noParameters = try Self.write("noparams.pem", TestKeyFiles.pem("EC PRIVATE KEY", [0x30, 0x6B] + sec1[2..<39] + sec1[51...], lineEnding: "\n"))
+        #expect(throws: (any Error).self) { try run(["openssl", "pkcs8", "-topk8", "-nocrypt", "-in", noParameters]) }
         // Cut short, with and without the END line put back, and one Base64 character changed.
         let good = try String(contentsOfFile: files.pkcs8Apple, encoding: .utf8)
         let body = good.split(separator: "\n").filter { !$0.hasPrefix("-----") }.joined()
@@ -134,6 +140,7 @@ struct OperatorKeyFileTests {
             (encrypted, "the key file is encrypted ("),
             (legacy, "the key file is encrypted ("),
             (offCurve, "the key's public point is not on the curve"),
+            (noParameters, "the key file's PEM block does not decode"),
             (mismatched, "the public key in the file does not belong to its private key"),
             (try Self.write(bytes: [0xFF, 0xFE] + [UInt8](try #require(good.data(using: .utf16LittleEndian))), "utf16le.p8"), "the key file is UTF-16 text"),
             (try Self.write(bytes: [UInt8](try #require(good.data(using: .utf16BigEndian))), "utf16be.p8"), "the key file is UTF-16 text"),
@@ -151,6 +158,9 @@ struct OperatorKeyFileTests {
             #expect(error?.code == .keyFileInvalid)
             #expect(error?.message.hasPrefix(headline) == true, "\(path): \(error?.description ?? "no error")")
             #expect(error?.description.contains("not a PEM private key") == false, "\(path): \(error?.description ?? "")")
+            // Neither repair works: a key is downloaded once, and openssl cannot read a SEC1 key without its curve.
+            #expect(error?.message.contains("download the key again") == false && error?.message.contains("openssl pkcs8") == false, "\(path): \(error?.message ?? "")")
+            #expect(error?.message.contains("revoke the key") == true || !headline.contains("does not decode") && !headline.contains("not on the curve"), "\(path): \(error?.message ?? "")")
         }
     }
 
