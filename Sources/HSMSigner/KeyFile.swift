@@ -29,7 +29,8 @@ public final class ECPrivateKeyMaterial: Sendable {
     /// writes before a SEC1 key): a certificate, a public key or other words
     /// that OpenSSL skipped. Only the private key is read; a caller may warn
     /// that the file may not be the one meant. (Anything but blanks after
-    /// the key's `-----END` line is refused.)
+    /// the key's `-----END` line is refused, and so is a `PUBLIC KEY` block
+    /// of another key.)
     public let hasOtherText: Bool
 
     /// Largest key file read, in bytes; real ones are about 250.
@@ -163,6 +164,23 @@ public final class ECPrivateKeyMaterial: Sendable {
         guard EVP_PKEY_pairwise_check(context) == 1 else {
             throw CryptoError(.keyFileInvalid, "the public key in the file does not belong to its private key: the file is damaged or was edited; "
                               + "use an intact copy of the .p8 (App Store Connect lets you download a key once; with no intact copy, revoke the key and make a new one)")
+        }
+        // A PUBLIC KEY block beside the private key (OpenSSL skipped it) that
+        // is another key's: a file put together from two keys, where which
+        // one was meant cannot be told.
+        if layout.withUnsafeBytes({ Self.count($0, "-----BEGIN PUBLIC KEY-----") }) > 0 {
+            ERR_clear_error()
+            let beside: OpaquePointer? = layout.withUnsafeBytes { bytes in
+                guard let bio = BIO_new_mem_buf(bytes.baseAddress, Int32(bytes.count)) else { return nil }
+                defer { BIO_free(bio) }
+                return PEM_read_bio_PUBKEY(bio, nil, nil, nil)
+            }
+            ERR_clear_error()
+            if let beside, let other = try? ECPublicKey(key: EVPKey(taking: beside)), other != publicKey {
+                throw CryptoError(.keyFileInvalid, "the key file also holds a public key (-----BEGIN PUBLIC KEY-----, SHA-256 fingerprint \(other.fingerprint)) that is not its private key's "
+                                  + "(\(publicKey.fingerprint)): the file was put together from two keys, so which one was meant cannot be told; "
+                                  + "import the .p8 as App Store Connect delivered it, the private key alone")
+            }
         }
     }
 

@@ -214,6 +214,17 @@ struct OperatorKeyFileTests {
             let material = try ECPrivateKeyMaterial(contentsOf: Self.write("other\(index).p8", text))
             #expect(material.hasOtherText == other, "case \(index)")
         }
+        // Another key's public key before (or after the key, refused anyway as trailing text): a
+        // file put together from two keys imported with a warning only (found by an attack round).
+        let strangerPEM = try TestKeyFiles.make().publicKeyPEM
+        let stranger = try ECPublicKey(pem: strangerPEM)
+        let own = try ECPublicKey(pem: publicKey)
+        let error = #expect(throws: CryptoError.self) {
+            try ECPrivateKeyMaterial(contentsOf: Self.write("two-keys.p8", strangerPEM + key))
+        }
+        #expect(error?.code == .keyFileInvalid)
+        #expect(error?.message.hasPrefix("the key file also holds a public key (-----BEGIN PUBLIC KEY-----, SHA-256 fingerprint \(stranger.fingerprint)) that is not its private key's (\(own.fingerprint))") == true,
+                "\(error?.message ?? "accepted")")
     }
 
     /// OpenSSL's PEM reader stops at the key's END line and its DER reader
