@@ -86,7 +86,7 @@ public struct Arguments: Sendable, Equatable {
                     guard index < words.count else { throw UsageError("--\(name) needs a value") }
                     // `--concurrency --requests 1` is a value left out, not the value "--requests".
                     let next = words[index]
-                    if next.hasPrefix("--"), next == "--help" || options.union(flags).contains(String(next.dropFirst(2).prefix { $0 != "=" })) {
+                    if next == "-h" || next.hasPrefix("--") && (next == "--help" || options.union(flags).contains(String(next.dropFirst(2).prefix { $0 != "=" }))) {
                         throw UsageError("--\(name) needs a value; \(next) after it is an option")
                     }
                     value = next

@@ -227,6 +227,7 @@ struct ArgumentsTests {
         (["--nope"], "--nope"), (["--key-id"], "--key-id"), (["--json=1"], "--json"), (["--key-id", "a", "--key-id", "b"], "twice"), (["-x"], "-x"),
         // A value left out before another option: that option is not taken as the value.
         (["--key-id", "--json"], "--key-id needs a value; --json after it is an option"), (["--key-id", "--help"], "--key-id needs a value"),
+        (["--key-id", "-h"], "--key-id needs a value; -h after it is an option"),
     ])
     func errors(_ words: [String], _ expected: String) throws {
         let error = #expect(throws: UsageError.self) { try Arguments(words, options: ["key-id"], flags: ["json"]) }
