@@ -50,9 +50,10 @@ public final class SignerService: HTTPHandler, Sendable {
     public let metrics: Metrics
     let logger: Logger
     private let current: Locked<SignerConfiguration>
-    /// The last readiness result, with the key IDs it checked: a check that
+    /// The last readiness result, with the key IDs it checked and the token
+    /// state (status and when it last went down) the check began under: a check that
     /// began before a reload must not answer for the configuration after it.
-    private let readiness = Locked<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64, status: TokenStatus, keyIDs: [String])?>(nil)
+    private let readiness = Locked<(response: ReadinessResponse, ready: Bool, checkedAt: UInt64, status: TokenStatus, downAt: UInt64, keyIDs: [String])?>(nil)
     /// The readiness check now running, if any: only one runs at a time.
     private let readinessRun = ReadinessRun()
     private let rateBuckets = Locked<[UInt32: (tokens: Double, at: UInt64)]>([:])
@@ -833,10 +834,13 @@ public final class SignerService: HTTPHandler, Sendable {
         let maxAge = UInt64(config.readinessCacheSeconds * 1e9)
         let keyIDs = config.keys.map(\.keyID)
         // A cached answer holds while it is young, the token has not changed
-        // state since, and it checked the keys configured now.
+        // state since the check began, and it checked the keys configured
+        // now. The time the token last went down counts as state: a check
+        // whose own C_Sign took the token down began under "up", and after
+        // recovery the status alone would match again.
         func fresh() -> (Bool, ReadinessResponse)? {
             guard let cached = readiness.withLock({ $0 }), MonotonicClock.nanoseconds(from: cached.checkedAt, to: MonotonicClock.now()) <= maxAge,
-                  cached.status == token.status, cached.keyIDs == keyIDs else { return nil }
+                  cached.status == token.status, cached.downAt == token.lastDownAt, cached.keyIDs == keyIDs else { return nil }
             return (cached.ready, cached.response)
         }
         // Probes wait for a check already running and share its result, but
@@ -875,12 +879,13 @@ public final class SignerService: HTTPHandler, Sendable {
                 return stuckReadiness(config, runningMs: MonotonicClock.nanoseconds(from: started, to: MonotonicClock.now()) / 1_000_000)
             case .mine(let run):
                 let status = token.status
+                let downAt = token.lastDownAt
                 let (ready, response) = runReadinessChecks(config)
                 // A check superseded meanwhile neither caches its answer nor ends its successor's run.
                 // The answer is cached before the run ends: a probe woken then must find it.
                 readinessRun.lock.withLock {
                     if readinessRun.runID == run {
-                        readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status, keyIDs) }
+                        readiness.withLock { $0 = (response, ready, MonotonicClock.now(), status, downAt, keyIDs) }
                         readinessRun.startedAt = nil
                     }
                     readinessRun.lock.broadcast()

@@ -114,3 +114,33 @@ struct SharedReadinessTests {
         #expect(extra.allSatisfy { $0 == 0 }, "C_Sign calls beyond the one check, per round: \(extra)")
     }
 }
+
+/// A readiness check whose own `C_Sign` takes the token down answers 503;
+/// once recovery brings the token back, that answer is about a token state
+/// that has passed.
+@Suite("Readiness after the check took the token down", .serialized)
+struct ReadinessAcrossOutageTests {
+    /// The answer was cached under the state the token had when the check
+    /// began (up), so after recovery it matched again and /readyz kept
+    /// saying 503 for `readiness_cache_seconds` while metrics said token_up.
+    @Test("a check whose C_Sign got CKR_DEVICE_ERROR: after token_up the next /readyz checks again and says ready")
+    func answerFromBeforeRecoveryIsNotReused() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 3000)
+        defer { daemon.stop() }
+        var config = daemon.service.configuration
+        config.readinessCacheSeconds = 60
+        try daemon.service.reload(config)
+        let client = SignerClient(socketPath: daemon.socketPath, timeout: 10)
+        daemon.faults.inject(.sign, .deviceError, count: 1)
+        let failed = try client.send("GET", "/readyz")
+        #expect(failed.status == 503, "\(String(decoding: failed.body, as: UTF8.self))")
+        #expect(poll(seconds: 10) { daemon.logged("token_up") == 1 }, "recovered: \(daemon.logLines.lines.suffix(4))")
+        let before = daemon.faults.calls(.sign)
+        let after = try client.send("GET", "/readyz")
+        #expect(after.status == 200, "\(String(decoding: after.body, as: UTF8.self))")
+        #expect(daemon.faults.calls(.sign) == before + 1, "a new check signed")
+        // The new answer is cached as usual: a second probe does not sign.
+        #expect(try client.send("GET", "/readyz").status == 200)
+        #expect(daemon.faults.calls(.sign) == before + 1, "the fresh answer is reused")
+    }
+}
