@@ -22,6 +22,12 @@ public struct BenchmarkReport: Codable, Sendable {
     public var throughput: Double
     /// Latency percentiles and mean, in milliseconds (successful requests).
     public var latencyMs: [String: Double]
+    /// The same statistics over the failed requests (an error response, a
+    /// malformed or unverified signature, a socket failure), in
+    /// milliseconds; empty when none failed. A stall that ends in errors
+    /// (a token outage, a daemon held by `SIGSTOP`) shows here, not in
+    /// ``latencyMs``.
+    public var errorLatencyMs: [String: Double]
     /// Errors by code (`http_503`, `hsm_unavailable`, `malformed_signature`, `invalid_signature`, `socket`,
     /// and for `/v1/offers` the offer's own `signature_error_<code>`, such as `signature_error_7234`).
     public var errors: [String: Int]
@@ -44,7 +50,7 @@ public struct BenchmarkReport: Codable, Sendable {
 
     enum CodingKeys: String, CodingKey {
         case mode, endpoint, concurrency, requests, durationSeconds = "duration_s", throughput = "throughput_rps"
-        case latencyMs = "latency_ms", errors, verified, rssKiB = "rss_kib", openFDs = "open_fds"
+        case latencyMs = "latency_ms", errorLatencyMs = "error_latency_ms", errors, verified, rssKiB = "rss_kib", openFDs = "open_fds"
         case cpuMicrosecondsPerRequest = "cpu_us_per_request"
     }
 
@@ -62,20 +68,34 @@ public enum BenchmarkLength: Sendable {
 final class BenchmarkTally: @unchecked Sendable {
     // Each instance is written by one thread and read after it finished.
     var latencies: [UInt64] = []
+    var errorLatencies: [UInt64] = []
     var errors: [String: Int] = [:]
     var count = 0
 
-    /// All threads' requests, successful latencies and errors together.
-    static func merge(_ tallies: [BenchmarkTally]) -> (count: Int, latencies: [UInt64], errors: [String: Int]) {
+    /// One completed request or signature: `nil` `error` for a success.
+    func record(_ elapsed: UInt64, error: String?) {
+        count += 1
+        if let error {
+            errors[error, default: 0] += 1
+            errorLatencies.append(elapsed)
+        } else {
+            latencies.append(elapsed)
+        }
+    }
+
+    /// All threads' requests, latencies (successful and failed) and errors together.
+    static func merge(_ tallies: [BenchmarkTally]) -> (count: Int, latencies: [UInt64], errorLatencies: [UInt64], errors: [String: Int]) {
         var errors: [String: Int] = [:]
         var latencies: [UInt64] = []
+        var errorLatencies: [UInt64] = []
         var count = 0
         for tally in tallies {
             latencies.append(contentsOf: tally.latencies)
+            errorLatencies.append(contentsOf: tally.errorLatencies)
             count += tally.count
             for (code, n) in tally.errors { errors[code, default: 0] += n }
         }
-        return (count, latencies, errors)
+        return (count, latencies, errorLatencies, errors)
     }
 }
 
@@ -282,7 +302,7 @@ public struct LoadGenerator: Sendable {
         let daemonCPUAfter = daemonPID.flatMap(ProcessStatistics.cpuMicroseconds)
         // Let the daemon settle (closed connections reaped) before reading its RSS and descriptors.
         usleep(300_000)
-        let (count, latencies, errors) = BenchmarkTally.merge(tallies)
+        let (count, latencies, errorLatencies, errors) = BenchmarkTally.merge(tallies)
         var rss: [String: Int]?
         var fds: [String: Int]?
         if let daemonPID {
@@ -296,7 +316,8 @@ public struct LoadGenerator: Sendable {
         cpu["signerd"] = ProcessStatistics.perRequest(daemonCPUBefore, daemonCPUAfter, requests: count)
         return BenchmarkReport(mode: "socket", endpoint: endpoint.rawValue, concurrency: concurrency, requests: count,
                                durationSeconds: elapsed, throughput: Double(latencies.count) / elapsed,
-                               latencyMs: LatencyStatistics.summarize(latencies), errors: errors, verified: verify,
+                               latencyMs: LatencyStatistics.summarize(latencies),
+                               errorLatencyMs: LatencyStatistics.summarize(errorLatencies), errors: errors, verified: verify,
                                rssKiB: rss, openFDs: fds, cpuMicrosecondsPerRequest: cpu)
     }
 
@@ -333,18 +354,12 @@ public struct LoadGenerator: Sendable {
             do {
                 response = try client.send(method, path, body: body)
             } catch {
-                tally.count += 1
-                tally.errors["socket", default: 0] += 1
+                tally.record(MonotonicClock.now() - start, error: "socket")
                 usleep(10_000)
                 continue
             }
             let elapsed = MonotonicClock.now() - start
-            tally.count += 1
-            if let problem = check(response, bundleID: bundleID, publicKeys: publicKeys) {
-                tally.errors[problem, default: 0] += 1
-            } else {
-                tally.latencies.append(elapsed)
-            }
+            tally.record(elapsed, error: check(response, bundleID: bundleID, publicKeys: publicKeys))
         }
     }
 
@@ -485,18 +500,12 @@ public struct DirectBenchmark: Sendable {
                     do {
                         let signature = try benchmark.token.sign(digest: digest, keyID: benchmark.keyID)
                         let elapsed = MonotonicClock.now() - start
-                        tally.count += 1
-                        if benchmark.verify && !publicKey.verify(rawSignature: signature.raw, digest: digest) {
-                            tally.errors["invalid_signature", default: 0] += 1
-                        } else {
-                            tally.latencies.append(elapsed)
-                        }
+                        let verified = !benchmark.verify || publicKey.verify(rawSignature: signature.raw, digest: digest)
+                        tally.record(elapsed, error: verified ? nil : "invalid_signature")
                     } catch let error as HSMError {
-                        tally.count += 1
-                        tally.errors[error.returnValue?.name ?? error.code.rawValue, default: 0] += 1
+                        tally.record(MonotonicClock.now() - start, error: error.returnValue?.name ?? error.code.rawValue)
                     } catch {
-                        tally.count += 1
-                        tally.errors["\(error)", default: 0] += 1
+                        tally.record(MonotonicClock.now() - start, error: "\(error)")
                     }
                 }
             }
@@ -509,10 +518,10 @@ public struct DirectBenchmark: Sendable {
         guard !clock.stopped else { throw BenchmarkError.outOfThreads(concurrency) }
         let elapsed = Double(MonotonicClock.now() - started) / 1e9
         let cpuAfter = ProcessStatistics.ownCPUMicroseconds()
-        let (count, latencies, errors) = BenchmarkTally.merge(tallies)
+        let (count, latencies, errorLatencies, errors) = BenchmarkTally.merge(tallies)
         let cpu = ProcessStatistics.perRequest(cpuBefore, cpuAfter, requests: count).map { ["signctl": $0] }
         return BenchmarkReport(mode: "direct", endpoint: "sign", concurrency: concurrency, requests: count, durationSeconds: elapsed,
                                throughput: Double(latencies.count) / elapsed, latencyMs: LatencyStatistics.summarize(latencies),
-                               errors: errors, verified: verify, rssKiB: nil, openFDs: nil, cpuMicrosecondsPerRequest: cpu)
+                               errorLatencyMs: LatencyStatistics.summarize(errorLatencies), errors: errors, verified: verify, rssKiB: nil, openFDs: nil, cpuMicrosecondsPerRequest: cpu)
     }
 }

@@ -486,11 +486,15 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
     if arguments.flag("json") {
         printJSON(report)
     } else {
-        func ms(_ key: String) -> String { String(format: "%.3f", report.latencyMs[key] ?? 0) }
+        func ms(_ key: String, _ latency: [String: Double] = report.latencyMs) -> String { String(format: "%.3f", latency[key] ?? 0) }
         print("\(report.mode) \(report.endpoint): \(report.concurrency) \(report.mode == "direct" ? "threads" : "connections"), \(report.requests) requests in \(String(format: "%.2f", report.durationSeconds)) s")
         print(String(format: "throughput: %.0f requests/s", report.throughput))
         print("latency ms: p50 \(ms("p50"))  p90 \(ms("p90"))  p99 \(ms("p99"))  p99.9 \(ms("p99.9"))  max \(ms("max"))  mean \(ms("mean"))")
         print("errors: \(report.errorCount == 0 ? "none" : report.errors.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
+        if !report.errorLatencyMs.isEmpty {
+            let failed = report.errorLatencyMs
+            print("failed requests' latency ms: p50 \(ms("p50", failed))  p99 \(ms("p99", failed))  max \(ms("max", failed))  mean \(ms("mean", failed))")
+        }
         func shown(_ value: Int?) -> String { value.map(String.init) ?? "unreadable" }
         if let rss = report.rssKiB { print("daemon RSS KiB: before \(shown(rss["before"])), after \(shown(rss["after"]))") }
         if let fds = report.openFDs {

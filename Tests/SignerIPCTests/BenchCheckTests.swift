@@ -32,3 +32,25 @@ struct BenchCheckTests {
         }
     }
 }
+
+/// A stall that ends in errors must show in the report: the latency
+/// statistics cover successful requests only, so a failed request's time
+/// was counted nowhere (745 errors during a 7-s SIGSTOP, max latency 22 ms).
+@Suite("signctl bench: the latency of failed requests", .serialized)
+struct BenchErrorLatencyTests {
+    @Test("a request that fails after 400 ms in C_Sign shows in error_latency_ms, not in latency_ms; a clean run has none")
+    func failedRequestsTimed() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 5000)
+        defer { daemon.stop() }
+        let clean = try LoadGenerator(socketPath: daemon.socketPath, endpoint: .promotionalOffer, concurrency: 1, length: .requests(20), verify: true).run()
+        #expect(clean.errorCount == 0, "\(clean.errors)")
+        #expect(clean.errorLatencyMs.isEmpty)
+        // The first request's C_Sign returns CKR_FUNCTION_FAILED after 400 ms.
+        daemon.faults.inject(.sign, .functionFailed, count: 1, delay: 0.4)
+        let report = try LoadGenerator(socketPath: daemon.socketPath, endpoint: .promotionalOffer, concurrency: 1, length: .requests(20), verify: true).run()
+        #expect(report.errorCount >= 1, "\(report.errors)")
+        #expect((report.errorLatencyMs["max"] ?? 0) >= 400, "\(report.errorLatencyMs)")
+        let json = try JSONSerialization.jsonObject(with: JSONEncoder().encode(report)) as? [String: Any]
+        #expect((json?["error_latency_ms"] as? [String: Double])?["max"] == report.errorLatencyMs["max"])
+    }
+}
