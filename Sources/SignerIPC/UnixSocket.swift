@@ -106,6 +106,48 @@ public enum UnixListener {
         }
     }
 
+    /// Refuses a path where ``bind(path:mode:group:)`` would fail, found
+    /// without changing anything: a path too long for `sun_path`, a
+    /// directory that is missing, not a directory, not writable by this
+    /// process or not safe (``unsafeDirectory(of:)``), a file there that is
+    /// not a socket, or a `group` that does not exist or this process may
+    /// not give the file to. signerd asks before it logs in to the token
+    /// (SoftHSM rewrites its token file at `C_Login`), so that a restart
+    /// loop on a socket problem costs no login; the bind checks again.
+    /// - Parameters:
+    ///   - path: the socket path.
+    ///   - group: the `socket_group`, if any.
+    /// - Throws: ``SocketError`` with the reason, as the bind's error would give it.
+    public static func refuseIfUnbindable(path: String, group: String?) throws(SocketError) {
+        if let problem = try bindProblem(path: path, group: group) { throw SocketError(problem) }
+    }
+
+    private static func bindProblem(path: String, group: String?) throws(SocketError) -> String? {
+        _ = try UnixAddress.with(path) { _, _ in 0 }
+        // dirname(3)'s answer for the paths socket_path may be (absolute or relative).
+        let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
+        let directory = trimmed.lastIndex(of: "/").map { $0 == trimmed.startIndex ? "/" : String(trimmed[..<$0]) } ?? "."
+        var info = stat()
+        guard stat(directory, &info) == 0 else {
+            return "cannot bind \(path): the directory \(directory): \(String(cString: strerror(errno)))"
+        }
+        guard info.st_mode & S_IFMT == S_IFDIR else { return "cannot bind \(path): \(directory) is not a directory" }
+        guard faccessat(AT_FDCWD, directory, W_OK | X_OK, AT_EACCESS) == 0 else {
+            return "cannot bind \(path): this user (uid \(geteuid())) may not create files in \(directory): \(String(cString: strerror(errno)))"
+        }
+        if let problem = unsafeDirectory(of: path) { return problem }
+        if lstat(path, &info) == 0, (info.st_mode & S_IFMT) != S_IFSOCK {
+            return "\(path) exists and is not a socket; refusing to replace it"
+        }
+        if let group {
+            guard groupID(group) != nil else { return "socket_group \(group) is not a group on this host" }
+            guard mayGiveSocket(toGroup: group) else {
+                return "cannot give \(path) to group \(group) (the user signerd runs as must be a member of \(group): `m USER \(group)` in sysusers, or usermod -aG)"
+            }
+        }
+        return nil
+    }
+
     /// Creates, binds and listens on `path`.
     ///
     /// A stale socket file is replaced only if it is a socket nobody

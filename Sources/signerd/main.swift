@@ -216,9 +216,10 @@ func runDaemon() -> Never {
         logger.warning("file_size_limit", ["bytes": .int(Int64(clamping: bytes)), "hint": .string(ProcessControl.fileSizeLimitWarning(bytes))])
     }
 
-    // A second signerd is refused before its C_Login, which SoftHSM records
-    // by rewriting its token file; the socket's other problems are found
-    // at the bind, after the token's.
+    // A second signerd, or a socket path the bind would fail on, is refused
+    // before its C_Login, which SoftHSM records by rewriting its token file:
+    // a restart loop on a socket problem costs no login. The bind checks
+    // again, since the path may change while the token opens.
     func socketFailed(_ error: SocketError) -> Never {
         var fields: [(key: String, value: LogValue)] = [("socket.path", .string(configuration.socketPath)), ("error", .string(error.message))]
         if socketDirectoryProblem(configuration.socketPath) != nil { fields.append(("hint", .string(socketDirectoryHint(configuration.socketPath)))) }
@@ -227,7 +228,10 @@ func runDaemon() -> Never {
     let passedListener: Int32?
     do {
         passedListener = try Systemd.takeListeningSocket()
-        if passedListener == nil { try UnixListener.refuseIfListening(path: configuration.socketPath) }
+        if passedListener == nil {
+            try UnixListener.refuseIfListening(path: configuration.socketPath)
+            try UnixListener.refuseIfUnbindable(path: configuration.socketPath, group: configuration.socketGroup)
+        }
     } catch {
         socketFailed(error)
     }

@@ -120,6 +120,7 @@ struct CheckConfigTests {
         #expect(started.status == 69, "\(started.stderr)")
         let bindFailed = started.stderr.split(separator: "\n").first { $0.contains("\"socket_bind_failed\"") }
         #expect(bindFailed?.contains("install -d -o $(id -un) \(absent)") == true && bindFailed?.contains("RuntimeDirectory=signerd") == true, "\(started.stderr)")
+        #expect(!started.stderr.contains("\"token_opened\""), "it logged in to the token before finding the socket unbindable: \(started.stderr)")
 
         let pin = try String(contentsOfFile: pinPath(daemon), encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
         let inURI = try checkConfig(daemon) { uri in
@@ -145,6 +146,48 @@ struct CheckConfigTests {
         #expect(!second.stderr.contains("\"token_opened\""), "it logged in to the token first: \(second.stderr)")
         let request = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
         #expect(daemon.verifies(try daemon.client().send("POST", "/v1/sign/promotional-offer", body: Array(request.utf8))))
+    }
+
+    /// A socket path the bind would fail on was found only at the bind,
+    /// after `C_Login` (which SoftHSM records by rewriting its token file):
+    /// a service restarting on such a fault logged in on every start.
+    @Test("a socket path the bind would fail on (a file there, a file for its directory) is refused (69) before the token is opened; the file is left alone",
+          arguments: ["not_a_socket", "parent_not_directory"])
+    func unbindableBeforeLogin(_ fault: String) throws {
+        let daemon = try DaemonHarness()
+        let says: String
+        let file: String
+        if fault == "not_a_socket" {
+            file = daemon.socketPath
+            says = "\(daemon.socketPath) exists and is not a socket; refusing to replace it"
+        } else {
+            file = daemon.directory + "/plain"
+            try daemon.writeConfig(["socket_path": file + "/signerd.sock"])
+            says = "cannot bind \(file)/signerd.sock: \(file) is not a directory"
+        }
+        try Data("keep me".utf8).write(to: URL(fileURLWithPath: file))
+        let tokenFile = try tokenObjectFiles(daemon)
+        let started = runProgram("/usr/bin/timeout", ["10", Binaries.signerd, "--config", daemon.configPath], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(started.status == 69, "\(started.stderr)")
+        #expect(started.stderr.contains("\"socket_bind_failed\"") && started.stderr.contains(says), "\(started.stderr)")
+        #expect(!started.stderr.contains("\"token_opened\""), "it logged in to the token first: \(started.stderr)")
+        #expect(try tokenObjectFiles(daemon) == tokenFile, "SoftHSM's token files were not rewritten")
+        #expect(try String(contentsOfFile: file, encoding: .utf8) == "keep me")
+    }
+
+    /// Each file in the harness's SoftHSM token directory with its size and
+    /// modification time in nanoseconds: what a `C_Login` rewrites.
+    private func tokenObjectFiles(_ daemon: DaemonHarness) throws -> [String: [Int]] {
+        var files: [String: [Int]] = [:]
+        let root = daemon.directory + "/hsm/tokens"
+        let enumerator = FileManager.default.enumerator(atPath: root)
+        while let name = enumerator?.nextObject() as? String {
+            var info = stat()
+            guard lstat(root + "/" + name, &info) == 0, info.st_mode & S_IFMT == S_IFREG else { continue }
+            files[name] = [Int(info.st_size), Int(info.st_mtim.tv_sec), Int(info.st_mtim.tv_nsec)]
+        }
+        #expect(!files.isEmpty, "found the token files under \(root)")
+        return files
     }
 
     /// A root signerd bound its socket, then chown/chmod by path: in a
