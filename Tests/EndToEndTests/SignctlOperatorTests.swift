@@ -110,9 +110,12 @@ struct FreeSoftHSM {
     }
 
     /// A configuration file whose token_uri names `label` with the PIN in `pinPath`.
-    func config(label: String, pinPath: String) throws -> String {
+    /// The socket goes in `socketDirectory` (this directory unless given),
+    /// so that signerd, which checks the socket path before it opens the
+    /// token, gets as far as the token.
+    func config(label: String, pinPath: String, socketDirectory: String? = nil) throws -> String {
         let path = directory + "/signerd.json"
-        try #"{"token_uri": "pkcs11:token=\#(label)?module-path=\#(modulePath)&pin-source=file:\#(pinPath)"}"#
+        try #"{"token_uri": "pkcs11:token=\#(label)?module-path=\#(modulePath)&pin-source=file:\#(pinPath)", "socket_path": "\#(socketDirectory ?? directory)/signerd.sock"}"#
             .write(toFile: path, atomically: false, encoding: .utf8)
         return path
     }
@@ -1126,7 +1129,11 @@ struct SignctlHintTests {
     static func tokenForNobody(label: String) throws -> (hsm: FreeSoftHSM, pin: String, config: String, asNobody: [String]) {
         let hsm = try FreeSoftHSM()
         let pin = try hsm.initializeToken(label: label)
-        let config = try hsm.config(label: label, pinPath: pin)
+        // nobody's own directory for the socket, so that signerd run as nobody gets past the socket check to the token.
+        let run = hsm.directory + "/run"
+        try FileManager.default.createDirectory(atPath: run, withIntermediateDirectories: false)
+        #expect(chown(run, 65534, 65534) == 0 && chmod(run, 0o755) == 0)
+        let config = try hsm.config(label: label, pinPath: pin, socketDirectory: run)
         #expect(chmod(hsm.directory, 0o755) == 0)
         #expect(chmod(config, 0o644) == 0 && chmod(hsm.directory + "/softhsm2.conf", 0o644) == 0 && chown(pin, 65534, 65534) == 0)
         return (hsm, pin, config, ["--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/env", "SOFTHSM2_CONF=\(hsm.directory)/softhsm2.conf"])
