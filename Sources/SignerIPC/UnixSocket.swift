@@ -1,4 +1,5 @@
 internal import CSignerShim
+import Foundation
 import HSMSigner
 
 #if canImport(Glibc)
@@ -111,9 +112,10 @@ public enum UnixListener {
     /// directory that is missing, not a directory, not writable by this
     /// process or not safe (``unsafeDirectory(of:)``), a file there that is
     /// not a socket, or a `group` that does not exist or this process may
-    /// not give the file to. signerd asks before it logs in to the token
-    /// (SoftHSM rewrites its token file at `C_Login`), so that a restart
-    /// loop on a socket problem costs no login; the bind checks again.
+    /// not give the file to. ``bind(path:mode:group:)`` starts with it;
+    /// signerd also asks before it logs in to the token (SoftHSM rewrites
+    /// its token file at `C_Login`), so that a restart loop on a socket
+    /// problem costs no login.
     /// - Parameters:
     ///   - path: the socket path.
     ///   - group: the `socket_group`, if any.
@@ -124,9 +126,7 @@ public enum UnixListener {
 
     private static func bindProblem(path: String, group: String?) throws(SocketError) -> String? {
         _ = try UnixAddress.with(path) { _, _ in 0 }
-        // dirname(3)'s answer for the paths socket_path may be (absolute or relative).
-        let trimmed = path.count > 1 && path.hasSuffix("/") ? String(path.dropLast()) : path
-        let directory = trimmed.lastIndex(of: "/").map { $0 == trimmed.startIndex ? "/" : String(trimmed[..<$0]) } ?? "."
+        let directory = socketDirectory(of: path)
         var info = stat()
         guard stat(directory, &info) == 0 else {
             return "cannot bind \(path): the directory \(directory): \(String(cString: strerror(errno)))"
@@ -148,6 +148,12 @@ public enum UnixListener {
         return nil
     }
 
+    /// The directory `path` would be bound in: `path` without its last component.
+    /// - Parameter path: a socket path.
+    public static func socketDirectory(of path: String) -> String {
+        (path as NSString).deletingLastPathComponent
+    }
+
     /// Creates, binds and listens on `path`.
     ///
     /// A stale socket file is replaced only if it is a socket nobody
@@ -166,14 +172,11 @@ public enum UnixListener {
     /// - Returns: the listening descriptor (non-blocking, close-on-exec).
     /// - Throws: ``SocketError`` naming the path and the reason.
     public static func bind(path: String, mode: UInt32, group: String?) throws(SocketError) -> Int32 {
-        if let problem = unsafeDirectory(of: path) {
-            throw SocketError(problem)
-        }
+        try refuseIfUnbindable(path: path, group: group)
+        // Only a stale socket is removed; any other file that appeared since
+        // the check makes bind(2) fail with EADDRINUSE.
         var info = stat()
-        if lstat(path, &info) == 0 {
-            guard (info.st_mode & S_IFMT) == S_IFSOCK else {
-                throw SocketError("\(path) exists and is not a socket; refusing to replace it")
-            }
+        if lstat(path, &info) == 0, (info.st_mode & S_IFMT) == S_IFSOCK {
             try refuseIfListening(path: path)
             guard unlink(path) == 0 else {
                 throw SocketError("cannot remove the stale socket \(path)", errno: errno)

@@ -41,7 +41,7 @@ func fail(_ code: ExitCode, _ message: String, logger: Logger?, fields: [(key: S
 /// does not exist, or is not a directory; nil when it is one.
 /// - Parameter socketPath: an absolute path (the configuration checks it).
 func socketDirectoryProblem(_ socketPath: String) -> String? {
-    let directory = (socketPath as NSString).deletingLastPathComponent
+    let directory = UnixListener.socketDirectory(of: socketPath)
     var info = stat()
     guard stat(directory, &info) == 0 else {
         return "the directory \(directory) of socket_path \(socketPath) cannot be used: \(String(cString: strerror(errno)))"
@@ -55,7 +55,7 @@ func socketDirectoryProblem(_ socketPath: String) -> String? {
 /// How to give `socket_path` its directory: systemd makes /run/signerd
 /// for the shipped unit; a run by hand needs it made first.
 func socketDirectoryHint(_ socketPath: String) -> String {
-    let directory = (socketPath as NSString).deletingLastPathComponent
+    let directory = UnixListener.socketDirectory(of: socketPath)
     return "the shipped unit's RuntimeDirectory=signerd makes /run/signerd when the service starts, and with signerd.socket systemd binds the socket; "
         + "to run signerd by hand, make \(directory) first (install -d -o $(id -un) \(directory)) or set socket_path to a directory this user can write"
 }
