@@ -118,6 +118,20 @@ public struct Logger: Sendable {
     ///   - fields: dotted keys and their values, in order.
     public func log(_ level: LogLevel, _ message: String, fields metadata: [(key: String, value: LogValue)]) {
         guard level >= minimumLevel else { return }
+        emit(level, message, metadata)
+    }
+
+    /// Writes one audit line at level `notice` whatever ``minimumLevel``
+    /// says: an audit trail (signerd's `audit_log`) that `log_level`
+    /// `warning` silenced would be no trail. Same format as ``log(_:_:_:)``.
+    /// - Parameters:
+    ///   - message: a constant describing the event (`signature_issued`).
+    ///   - fields: dotted keys and their values, in order.
+    public func audit(_ message: String, fields metadata: [(key: String, value: LogValue)]) {
+        emit(.notice, message, metadata)
+    }
+
+    private func emit(_ level: LogLevel, _ message: String, _ metadata: [(key: String, value: LogValue)]) {
         if let events {
             events(level, message, metadata.map { ($0.key, $0.value) })
             return

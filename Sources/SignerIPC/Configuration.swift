@@ -83,6 +83,13 @@ public struct SignerConfiguration: Sendable, Equatable {
     public var sessionPoolSize = min(8, 2 * max(1, sysconf(Int32(_SC_NPROCESSORS_ONLN))))
     /// Verify every signature with the public key before returning it. Default true.
     public var verifyBeforeReturn = true
+    /// Write one `signature_issued` line (level `notice`) for every
+    /// signature signerd returns, whatever `log_level` says: who asked
+    /// (`SO_PEERCRED` uid and pid), the endpoint, the key ID, the bundle
+    /// ID and what identifies the signature (product ID, offer identifier,
+    /// nonce, timestamp). Never the app account token's value, nor the
+    /// signature. Default false; a reload changes it at once.
+    public var auditLog = false
     /// The lowest log level written. Default `info`.
     public var logLevel: LogLevel = .info
     /// `http_threads` as read from the file. It no longer has an effect
@@ -202,7 +209,7 @@ public struct SignerConfiguration: Sendable, Equatable {
     /// Every key the file may hold.
     static let knownKeys: Set<String> = [
         "socket_path", "socket_mode", "socket_group", "token_uri", "issuer_id", "keys", "default_key_id",
-        "allowed_uids", "allowed_gids", "session_pool_size", "verify_before_return", "log_level", "http_threads",
+        "allowed_uids", "allowed_gids", "session_pool_size", "verify_before_return", "audit_log", "log_level", "http_threads",
         "max_connections", "max_connections_per_uid", "max_body_bytes", "max_header_bytes", "idle_timeout_seconds", "request_timeout_seconds",
         "readiness_cache_seconds", "token_check_seconds", "session_checkout_timeout_ms", "sign_timeout_ms", "clock_skew_seconds",
         "rate_limit_per_second", "rate_limit_burst",
@@ -425,6 +432,7 @@ public struct SignerConfiguration: Sendable, Equatable {
         }
         config.sessionPoolSize = try integer(&reader, "session_pool_size", config.sessionPoolSize, 1...1024)
         config.verifyBeforeReturn = try reader.optionalBool("verify_before_return") ?? config.verifyBeforeReturn
+        config.auditLog = try reader.optionalBool("audit_log") ?? config.auditLog
         if let level = try reader.optionalString("log_level") {
             guard let parsed = LogLevel(rawValue: level) else {
                 throw ConfigurationError("log_level must be one of \(LogLevel.allCases.map(\.rawValue).joined(separator: ", ")); got \(level)")

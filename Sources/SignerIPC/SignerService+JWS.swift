@@ -20,6 +20,8 @@ extension SignerService {
     func signJWS(_ route: Route, _ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> HTTPResponse {
         let now = AppleFields.nowMilliseconds() / 1000
         var claims: [String: ClaimValue]
+        // What the audit_log line names besides the key, the bundle, the nonce and iat.
+        var audited: [(key: String, value: LogValue)] = []
         let bundleID: String
         let keyID: String?
         switch route {
@@ -34,6 +36,8 @@ extension SignerService {
             claims = ["aud": .string(JWSAudience.promotionalOffer), "productId": .string(fields.productID),
                       "offerIdentifier": .string(fields.offerID)]
             if let transactionID = fields.transactionID { claims["transactionId"] = .string(transactionID) }
+            audited = [("product.id", .string(fields.productID)), ("offer.id", .string(fields.offerID))]
+            if let transactionID = fields.transactionID { audited.append(("transaction.id", .string(transactionID))) }
         case .introductoryOfferEligibility:
             let fields = try read(request) { () throws(APIError) in try IntroductoryOfferEligibilityRequest(body: request.body) }
             try checked { () throws(FieldError) in
@@ -43,18 +47,23 @@ extension SignerService {
             (bundleID, keyID) = (fields.bundleID, fields.keyID)
             claims = ["aud": .string(JWSAudience.introductoryOfferEligibility), "productId": .string(fields.productID),
                       "allowIntroductoryOffer": .bool(fields.allowIntroductoryOffer), "transactionId": .string(fields.transactionID)]
+            audited = [("product.id", .string(fields.productID)), ("transaction.id", .string(fields.transactionID)),
+                       ("allow_introductory_offer", .bool(fields.allowIntroductoryOffer))]
         case .advancedCommerceRequest:
             // Only the Base64 leaves the slot: the values read (about 20 × the
             // body's size) are released before the request waits for the token.
             let encoded: String
-            (bundleID, keyID, encoded) = try read(request) { () throws(APIError) in
+            let requestBytes: Int
+            (bundleID, keyID, encoded, requestBytes) = try read(request) { () throws(APIError) in
                 let fields = try AdvancedCommerceSigningRequest(body: request.body)
-                return (fields.bundleID, fields.keyID, Data(JSONValue.object(fields.request).compactJSON.utf8).base64EncodedString())
+                let json = Data(JSONValue.object(fields.request).compactJSON.utf8)
+                return (fields.bundleID, fields.keyID, json.base64EncodedString(), json.count)
             }
             claims = ["aud": .string(JWSAudience.advancedCommerce), "request": .string(encoded)]
+            audited = [("request.bytes", .int(Int64(requestBytes)))]
         case .serverAPIToken:
             let fields = try read(request) { () throws(APIError) in try ServerAPITokenRequest(body: request.body) }
-            return try serverAPIToken(fields, request.peer, config, now: now)
+            return try serverAPIToken(fields, request, config, now: now)
         default:
             throw APIError(.notFound, "\(route.rawValue) is not a JWS endpoint")
         }
@@ -68,9 +77,13 @@ extension SignerService {
         let input = try read(request) { () throws(APIError) in CompactJWS.signingInput(keyID: key.keyID, claims: claims) }
         claims = [:]  // only the signing input waits for the token (an Advanced Commerce request's is about 1.8 × its body)
         let signature = try signRaw(input, keyID: key.keyID, config)
-        return try read(request) { () throws(APIError) in
+        let response = try read(request) { () throws(APIError) in
             json(200, JWSResponse(jws: try assemble(input, signature), keyID: key.keyID, nonce: nonce))
         }
+        if config.auditLog {
+            audit(request, keyID: key.keyID, bundleID: bundleID, audited + [("nonce", .string(nonce)), ("iat", .int(now))])
+        }
+        return response
     }
 
     /// The App Store Server API bearer token: `exp − iat` is `ttl_seconds`
@@ -80,19 +93,23 @@ extension SignerService {
     /// is still valid when it leaves. It carries the common claims of
     /// apple-signatures.md, a fresh `nonce` included (Apple's first version
     /// of the bearer-token claims listed one too).
-    private func serverAPIToken(_ fields: ServerAPITokenRequest, _ peer: PeerCredentials, _ config: SignerConfiguration, now: Int64) throws(APIError) -> HTTPResponse {
+    private func serverAPIToken(_ fields: ServerAPITokenRequest, _ request: HTTPRequest, _ config: SignerConfiguration, now: Int64) throws(APIError) -> HTTPResponse {
         try checked { () throws(FieldError) in try AppleFields.checkIdentifier(fields.bundleID, field: "bundle_id") }
-        let key = try resolveKey(bundleID: fields.bundleID, keyID: fields.keyID, peer: peer, config)
+        let key = try resolveKey(bundleID: fields.bundleID, keyID: fields.keyID, peer: request.peer, config)
         let ttl = Int64(fields.ttlSeconds ?? 300)
         let issuedAt = now - min(Int64(config.clockSkewSeconds), ttl / 2)
         let expiresAt = issuedAt + ttl
+        let nonce = AppleFields.randomUUID()
         let claims: [String: ClaimValue] = [
             "iss": .string(try issuer(of: key, config)), "iat": .integer(issuedAt), "exp": .integer(expiresAt),
             "aud": .string(JWSAudience.appStoreServerAPI), "bid": .string(fields.bundleID),
-            "nonce": .string(AppleFields.randomUUID()),
+            "nonce": .string(nonce),
         ]
         let input = CompactJWS.signingInput(keyID: key.keyID, claims: claims)
         let token = try assemble(input, try signRaw(input, keyID: key.keyID, config))
+        if config.auditLog {
+            audit(request, keyID: key.keyID, bundleID: fields.bundleID, [("nonce", .string(nonce)), ("iat", .int(issuedAt)), ("exp", .int(expiresAt))])
+        }
         return json(200, ServerAPITokenResponse(token: token, keyID: key.keyID, issuedAt: issuedAt, expiresAt: expiresAt))
     }
 

@@ -702,7 +702,37 @@ public final class SignerService: HTTPHandler, Sendable {
             throw APIError(error)
         }
         let key = try resolveKey(bundleID: fields.bundleID, keyID: fields.keyID, peer: request.peer, config)
-        return try signClassic(payload, keyID: key.keyID, config)
+        let signed = try signClassic(payload, keyID: key.keyID, config)
+        auditClassic(request, config, bundleID: fields.bundleID, productID: fields.productID, offerID: fields.offerID, signed)
+        return signed
+    }
+
+    /// With `audit_log`, the `signature_issued` line of a classic signature
+    /// (a single one, or one offer of a `/v1/offers` batch).
+    private func auditClassic(_ request: HTTPRequest, _ config: SignerConfiguration, bundleID: String, productID: String, offerID: String,
+                              _ signed: PromotionalOfferResponse) {
+        guard config.auditLog else { return }
+        audit(request, keyID: signed.keyID, bundleID: bundleID, [
+            ("product.id", .string(productID)), ("offer.id", .string(offerID)), ("nonce", .string(signed.nonce)),
+            ("timestamp", .int(signed.timestamp)), ("app_account_token.set", .bool(!signed.appAccountToken.isEmpty)),
+        ])
+    }
+
+    /// Writes the `audit_log` line `signature_issued` for a signature about
+    /// to be returned: who asked (the connection's `SO_PEERCRED` uid and
+    /// pid), the endpoint, the key and bundle IDs, then `details`. Callers
+    /// check `config.auditLog` first, so that an audit left off costs
+    /// nothing. Never a secret: identifiers, the nonce and times only.
+    /// - Parameters:
+    ///   - request: the request being answered.
+    ///   - keyID: the key that signed.
+    ///   - bundleID: the bundle ID signed for.
+    ///   - details: what identifies this signature, by endpoint.
+    func audit(_ request: HTTPRequest, keyID: String, bundleID: String, _ details: [(key: String, value: LogValue)]) {
+        logger.audit("signature_issued", fields: [
+            ("peer.uid", .int(Int64(request.peer.uid))), ("peer.pid", .int(Int64(request.peer.pid))), ("http.path", .string(request.path)),
+            ("key.id", .string(keyID)), ("bundle.id", .string(bundleID)),
+        ] + details)
     }
 
     private func signClassic(_ checked: PromotionalOfferPayload, keyID: String, _ config: SignerConfiguration) throws(APIError) -> PromotionalOfferResponse {
@@ -781,6 +811,7 @@ public final class SignerService: HTTPHandler, Sendable {
                     bundleID: fields.bundleID, keyID: key.keyID, productID: offer.productID, offerID: offer.offerID,
                     appAccountToken: token, nonce: AppleFields.randomUUID(), timestamp: AppleFields.nowMilliseconds())
                 let signed = try signClassic(payload, keyID: key.keyID, config)
+                auditClassic(request, config, bundleID: fields.bundleID, productID: offer.productID, offerID: offer.offerID, signed)
                 results.append(.init(keyID: key.keyID, offerID: offer.offerID, productID: offer.productID,
                                      signatureData: .init(nonce: signed.nonce, signature: signed.signature, timestamp: signed.timestamp),
                                      signatureError: nil))

@@ -66,7 +66,7 @@ struct ConfigurationTests {
          "keys": [{"key_id": "ABC123DEFG", "bundle_ids": ["com.example.app"], "allowed_uids": [1000]},
                   {"key_id": "XYZ987WVUT", "bundle_ids": ["com.example.app", "com.example.other"], "issuer_id": "00000000-0000-4000-8000-000000000000"}],
          "default_key_id": "ABC123DEFG", "allowed_uids": [33, "root"], "allowed_gids": [0],
-         "session_pool_size": 4, "verify_before_return": false, "log_level": "debug", "sign_timeout_ms": 250,
+         "session_pool_size": 4, "verify_before_return": false, "audit_log": true, "log_level": "debug", "sign_timeout_ms": 250,
          "token_check_seconds": 0}
         """)
         #expect(config.socketPath == "/tmp/s.sock")
@@ -79,6 +79,7 @@ struct ConfigurationTests {
         #expect(config.allowedUIDs == [33, 0])
         #expect(config.sessionPoolSize == 4)
         #expect(config.verifyBeforeReturn == false)
+        #expect(config.auditLog == true)
         #expect(config.logLevel == .debug)
         #expect(config.signTimeoutMs == 250)
         #expect(config.maxBodyBytes == 65536)
@@ -133,6 +134,7 @@ struct ConfigurationTests {
         ("{\"token_uri\": \"\(uri)\", \"log_level\": \"loud\"}", "log_level"),
         ("{\"token_uri\": \"\(uri)\", \"allowed_uids\": [\"no-such-user-xyz\"]}", "allowed_uids"),
         ("{\"token_uri\": \"\(uri)\", \"verify_before_return\": 1}", "verify_before_return"),
+        ("{\"token_uri\": \"\(uri)\", \"audit_log\": \"yes\"}", "audit_log"),
         ("{\"token_uri\": \"\(uri)\", \"token_check_seconds\": 3601}", "token_check_seconds"),
         ("{\"token_uri\": \"\(uri)\", \"token_check_seconds\": -1}", "token_check_seconds"),
         ("[1, 2]", "JSON object"),

@@ -1,0 +1,158 @@
+import Foundation
+import HSMSigner
+import SignerIPC
+import TestSupport
+import Testing
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `audit_log`: one `signature_issued` line for every signature returned,
+/// naming who asked and what was signed, written whatever `log_level`
+/// says, and never the app account token's value.
+@Suite("Audit log", .serialized)
+struct AuditLogTests {
+    /// The `signature_issued` lines among `daemon`'s log, parsed.
+    func auditLines(_ daemon: InProcessDaemon) throws -> [[String: Any]] {
+        try daemon.logLines.lines.filter { $0.contains("\"msg\":\"signature_issued\"") }.map { line in
+            try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any], "\(line)")
+        }
+    }
+
+    func value<T>(_ object: [String: Any], _ key: String, as type: T.Type = T.self) throws -> T {
+        try #require(object[key] as? T, "\(key) in \(object)")
+    }
+
+    func base64(_ text: String) throws -> [UInt8] {
+        Array(try #require(Data(base64Encoded: text), "Base64: \(text)"))
+    }
+
+    func post(_ daemon: InProcessDaemon, _ path: String, _ body: String) throws -> [String: Any] {
+        let response = try SignerClient(socketPath: daemon.socketPath).send("POST", path, body: Array(body.utf8))
+        #expect(response.status == 200, "\(path): \(String(decoding: response.body, as: UTF8.self))")
+        return try #require(try JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any])
+    }
+
+    /// Verifies a compact JWS with OpenSSL against the daemon's public key
+    /// and returns its claims.
+    func verifiedClaims(_ jws: String, _ daemon: InProcessDaemon) throws -> [String: Any] {
+        func base64url(_ text: Substring) throws -> Data {
+            var plain = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+            plain += String(repeating: "=", count: (4 - plain.utf8.count % 4) % 4)
+            return try #require(Data(base64Encoded: plain), "base64url: \(text)")
+        }
+        let parts = jws.split(separator: ".", omittingEmptySubsequences: false)
+        try #require(parts.count == 3, "\(jws)")
+        let der = try ECDSASignature.der(fromRaw: Array(try base64url(parts[2])), curve: .p256)
+        #expect(try opensslVerifies(publicKeyPEM: daemon.publicKey.pem, derSignature: der, message: Array("\(parts[0]).\(parts[1])".utf8)))
+        return try #require(try JSONSerialization.jsonObject(with: base64url(parts[1])) as? [String: Any])
+    }
+
+    @Test("with audit_log, each signature of every endpoint gets one notice line naming the caller and what was signed, even at log_level warning")
+    func everyEndpoint() throws {
+        let daemon = try InProcessDaemon(logLevel: .warning) { $0.auditLog = true }
+        defer { daemon.stop() }
+        let bundle = daemon.bundleID
+        let token = "5E3F1C2A-9B4D-4E6F-8A7B-1C2D3E4F5A6B"
+
+        let classic = try post(daemon, "/v1/sign/promotional-offer",
+                               #"{"bundle_id":"\#(bundle)","product_id":"pro_monthly","offer_id":"winback","app_account_token":"\#(token)"}"#)
+        let classicSignature: String = try value(classic, "signature")
+        let classicDER = try base64(classicSignature)
+        let classicNonce: String = try value(classic, "nonce")
+        let classicTimestamp: Int64 = try value(classic, "timestamp")
+        #expect(try opensslVerifies(publicKeyPEM: daemon.publicKey.pem, derSignature: classicDER,
+                                    message: independentPayload(bundleID: bundle, keyID: daemon.keyID, productID: "pro_monthly", offerID: "winback",
+                                                                token: token.lowercased(), nonce: classicNonce, timestamp: classicTimestamp)))
+
+        let batch = try post(daemon, "/v1/offers",
+                             #"{"bundle_id":"\#(bundle)","app_user_id":"user_1","generate_offers":[{"offer_id":"o1","product_id":"p1"},{"offer_id":"o2","product_id":"p2"},{"offer_id":"bad\u2063","product_id":"p3"}]}"#)
+        let offers = try #require(batch["offers"] as? [[String: Any]])
+        try #require(offers.count == 3)
+        var batchNonces: [String] = []
+        for (index, offer) in offers.prefix(2).enumerated() {
+            let data: [String: Any] = try value(offer, "signature_data")
+            let nonce: String = try value(data, "nonce")
+            let der = try base64(try value(data, "signature"))
+            let timestamp: Int64 = try value(data, "timestamp")
+            #expect(try opensslVerifies(publicKeyPEM: daemon.publicKey.pem, derSignature: der,
+                                        message: independentPayload(bundleID: bundle, keyID: daemon.keyID, productID: "p\(index + 1)", offerID: "o\(index + 1)",
+                                                                    token: "", nonce: nonce, timestamp: timestamp)))
+            batchNonces.append(nonce)
+        }
+        #expect(offers[2]["signature_error"] != nil, "the entry with U+2063 is refused on its own")
+
+        let v2 = try post(daemon, "/v1/sign/promotional-offer-v2",
+                          #"{"bundle_id":"\#(bundle)","product_id":"pro_yearly","offer_id":"intro_50","transaction_id":"2000000012345678"}"#)
+        let v2Claims = try verifiedClaims(try value(v2, "jws"), daemon)
+        let intro = try post(daemon, "/v1/sign/introductory-offer-eligibility",
+                             #"{"bundle_id":"\#(bundle)","product_id":"pro_yearly","allow_introductory_offer":false,"transaction_id":"2000000087654321"}"#)
+        let introClaims = try verifiedClaims(try value(intro, "jws"), daemon)
+        let commerce = try post(daemon, "/v1/sign/advanced-commerce-request", #"{"bundle_id":"\#(bundle)","request":{"operation":"CREATE"}}"#)
+        let commerceClaims = try verifiedClaims(try value(commerce, "jws"), daemon)
+        let bearer = try post(daemon, "/v1/tokens/app-store-server-api", #"{"bundle_id":"\#(bundle)","ttl_seconds":600}"#)
+        let bearerClaims = try verifiedClaims(try value(bearer, "token"), daemon)
+
+        // Refused requests sign nothing and are not audited.
+        let refused = try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer",
+                                                                           body: Array(#"{"bundle_id":"\#(bundle)","product_id":"p"}"#.utf8))
+        #expect(refused.status == 400)
+
+        let lines = try auditLines(daemon)
+        try #require(lines.count == 7, "1 classic + 2 batch offers + 4 JWS kinds: \(daemon.logLines.lines)")
+        for line in lines {
+            #expect(line["level"] as? String == "notice")
+            #expect(line["peer.uid"] as? Int == Int(getuid()))
+            #expect(line["peer.pid"] as? Int == Int(getpid()))
+            #expect(line["key.id"] as? String == daemon.keyID)
+            #expect(line["bundle.id"] as? String == bundle)
+        }
+        #expect(lines.map { $0["http.path"] as? String ?? "" } == [
+            "/v1/sign/promotional-offer", "/v1/offers", "/v1/offers", "/v1/sign/promotional-offer-v2",
+            "/v1/sign/introductory-offer-eligibility", "/v1/sign/advanced-commerce-request", "/v1/tokens/app-store-server-api",
+        ])
+        #expect(lines[0]["product.id"] as? String == "pro_monthly" && lines[0]["offer.id"] as? String == "winback")
+        #expect(lines[0]["nonce"] as? String == classicNonce)
+        #expect(lines[0]["timestamp"] as? Int64 == classicTimestamp)
+        #expect(lines[0]["app_account_token.set"] as? Bool == true)
+        #expect(lines[1]["offer.id"] as? String == "o1" && lines[2]["offer.id"] as? String == "o2")
+        #expect(lines[1...2].map { $0["nonce"] as? String ?? "" } == batchNonces)
+        #expect(lines[1]["app_account_token.set"] as? Bool == false)
+        #expect(lines[3]["offer.id"] as? String == "intro_50" && lines[3]["transaction.id"] as? String == "2000000012345678")
+        #expect(lines[3]["nonce"] as? String == v2Claims["nonce"] as? String && lines[3]["iat"] as? Int == v2Claims["iat"] as? Int)
+        #expect(lines[4]["transaction.id"] as? String == "2000000087654321" && lines[4]["allow_introductory_offer"] as? Bool == false)
+        #expect(lines[4]["nonce"] as? String == introClaims["nonce"] as? String)
+        #expect(lines[5]["request.bytes"] as? Int == #"{"operation":"CREATE"}"#.utf8.count)
+        #expect(lines[5]["nonce"] as? String == commerceClaims["nonce"] as? String)
+        #expect(lines[6]["iat"] as? Int == bearerClaims["iat"] as? Int && lines[6]["exp"] as? Int == bearerClaims["exp"] as? Int)
+        #expect(lines[6]["nonce"] as? String == bearerClaims["nonce"] as? String)
+
+        let everything = daemon.logLines.lines.joined(separator: "\n").lowercased()
+        #expect(!everything.contains(token.lowercased()), "the app account token's value is never logged")
+        #expect(!everything.contains(classicSignature.lowercased()), "nor a signature")
+    }
+
+    @Test("without audit_log (the default) no signature_issued line is written, even at log_level trace")
+    func offByDefault() throws {
+        let daemon = try InProcessDaemon(logLevel: .trace)
+        defer { daemon.stop() }
+        let response = try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)
+        #expect(daemon.verifies(response))
+        #expect(try auditLines(daemon).isEmpty)
+    }
+
+    @Test("a reload turns audit_log on and off at once")
+    func reload() throws {
+        let daemon = try InProcessDaemon()
+        defer { daemon.stop() }
+        var config = daemon.service.configuration
+        for (on, expected) in [(true, 1), (false, 1), (true, 2)] {
+            config.auditLog = on
+            try daemon.service.reload(config)
+            let response = try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)
+            #expect(daemon.verifies(response))
+            #expect(try auditLines(daemon).count == expected, "audit_log \(on)")
+        }
+    }
+}
