@@ -143,7 +143,7 @@ public struct Logger: Sendable {
             Logger.appendJSONString(key, to: &line)
             line += ":"
             switch value {
-            case .string(let text): Logger.appendJSONString(text, to: &line)
+            case .string(let text): Logger.appendJSONString(text, to: &line, escapingInvisible: true)
             case .int(let number): line += String(number)
             case .double(let number): line += number.isFinite ? String(number) : "null"
             case .bool(let flag): line += flag ? "true" : "false"
@@ -185,6 +185,16 @@ public struct Logger: Sendable {
     /// escapes as the `[UInt8]` form of `appendJSONString`, which does the
     /// work for any text that needs one.
     public static func appendJSONString(_ text: String, to out: inout String) {
+        appendJSONString(text, to: &out, escapingInvisible: false)
+    }
+
+    /// The `String` form of `appendJSONString(_:to:)` with, when
+    /// `escapingInvisible`, also C1 controls (U+0080–U+009F) and the
+    /// bidirectional controls (U+061C, U+200E, U+200F, U+202A–U+202E,
+    /// U+2066–U+2069) as `\uXXXX`: log lines carry callers' text (an audit
+    /// line's product ID), and a viewer showing them raw would reorder what
+    /// follows. Responses and signed JSON keep their characters.
+    static func appendJSONString(_ text: String, to out: inout String, escapingInvisible: Bool) {
         // Fast path: printable ASCII without quote or backslash goes in as is.
         var text = text
         let plain = text.withUTF8 { bytes in
@@ -197,7 +207,7 @@ public struct Logger: Sendable {
             return
         }
         var escaped: [UInt8] = []
-        appendJSONString(text, to: &escaped)
+        appendJSONString(text, to: &escaped, escapingInvisible: escapingInvisible)
         out += String(decoding: escaped, as: UTF8.self)
     }
 
@@ -209,6 +219,10 @@ public struct Logger: Sendable {
     ///   - text: any string.
     ///   - out: the buffer appended to.
     public static func appendJSONString(_ text: String, to out: inout [UInt8]) {
+        appendJSONString(text, to: &out, escapingInvisible: false)
+    }
+
+    static func appendJSONString(_ text: String, to out: inout [UInt8], escapingInvisible: Bool) {
         out.append(UInt8(ascii: "\""))
         var text = text
         text.withUTF8 { bytes in
@@ -222,7 +236,7 @@ public struct Logger: Sendable {
             while index < bytes.count {
                 let byte = bytes[index]
                 // Most bytes need nothing: test for the four that might first.
-                guard byte < 0x20 || byte == 0x22 || byte == 0x5c || byte == 0xe2 else {
+                guard byte < 0x20 || byte == 0x22 || byte == 0x5c || byte == 0xe2 || (escapingInvisible && (byte == 0xc2 || byte == 0xd8)) else {
                     index += 1
                     continue
                 }
@@ -238,6 +252,13 @@ public struct Logger: Sendable {
                 case 0xe2 where index + 2 < bytes.count && bytes[index + 1] == 0x80 && (bytes[index + 2] == 0xa8 || bytes[index + 2] == 0xa9):
                     escape = bytes[index + 2] == 0xa8 ? "\\u2028" : "\\u2029"
                     width = 3
+                case _ where escapingInvisible:
+                    guard let (scalar, length) = Self.invisibleScalar(bytes, at: index) else {
+                        index += 1
+                        continue
+                    }
+                    escape = "\\u" + String(scalar, radix: 16).leftPadded(to: 4)
+                    width = length
                 default:
                     index += 1
                     continue
@@ -250,5 +271,25 @@ public struct Logger: Sendable {
             flush()
         }
         out.append(UInt8(ascii: "\""))
+    }
+
+    /// The C1 or bidirectional control whose UTF-8 starts at `index`
+    /// (C2 80–C2 9F, D8 9C, E2 80 8E/8F, E2 80 AA–AE, E2 81 A6–A9), with its
+    /// length in bytes; nil for any other character.
+    private static func invisibleScalar(_ bytes: UnsafeBufferPointer<UInt8>, at index: Int) -> (UInt32, Int)? {
+        guard index + 1 < bytes.count else { return nil }
+        let (first, second) = (bytes[index], bytes[index + 1])
+        switch first {
+        case 0xc2 where (0x80...0x9f).contains(second): return (UInt32(second), 2)
+        case 0xd8 where second == 0x9c: return (0x61c, 2)
+        case 0xe2 where index + 2 < bytes.count:
+            let third = bytes[index + 2]
+            let scalar = (UInt32(first & 0x0f) << 12) | (UInt32(second & 0x3f) << 6) | UInt32(third & 0x3f)
+            switch scalar {
+            case 0x200e, 0x200f, 0x202a...0x202e, 0x2066...0x2069: return (scalar, 3)
+            default: return nil
+            }
+        default: return nil
+        }
     }
 }

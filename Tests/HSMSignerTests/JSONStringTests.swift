@@ -33,10 +33,36 @@ struct JSONStringTests {
         #expect(!String(decoding: bytes, as: UTF8.self).unicodeScalars.contains { $0.value == 0x2028 || $0.value == 0x2029 })
     }
 
+    /// Log lines carry callers' text (audit_log's product and offer IDs):
+    /// a bidirectional control shown raw by a log viewer reorders the rest
+    /// of the line, so log lines escape them and the C1 controls; the
+    /// public form, used for responses and signed JSON, keeps them.
+    @Test("log lines escape C1 and bidirectional controls as \\uXXXX and read back the same text; responses keep them")
+    func logLinesEscapeInvisible() throws {
+        let text = "a\u{202E}b\u{85}c\u{61C}d\u{2066}e\u{200F}f\u{9F}g\u{2069}h \u{202A}\u{2063}é中"
+        let lines = LockedLines()
+        Logger(minimumLevel: .trace) { lines.append($0) }.info("m", ["v": .string(text)])
+        let line = try #require(lines.all.first)
+        #expect(line.contains(#""v":"a\u202eb\u0085c\u061cd\u2066e\u200ff\u009fg\u2069h \u202a\#u{2063}é中""#), "\(line)")
+        let decoded = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
+        #expect(decoded["v"] as? String == text)
+        var response = ""
+        Logger.appendJSONString(text, to: &response)
+        #expect(response == "\"" + text + "\"")
+    }
+
     @Test("escapes have the short forms where JSON has them, lowercase \\uXXXX otherwise")
     func escapeForms() {
         var bytes: [UInt8] = []
         Logger.appendJSONString("a\"b\\c\nd\re\tf\u{1}g\u{1F}h\u{2028}", to: &bytes)
         #expect(String(decoding: bytes, as: UTF8.self) == #""a\"b\\c\nd\re\tf\u0001g\u001fh\u2028""#)
     }
+}
+
+/// Lines a test logger wrote.
+private final class LockedLines: @unchecked Sendable {
+    private let lock = NSLock()
+    private var lines: [String] = []
+    func append(_ line: String) { lock.withLock { lines.append(line) } }
+    var all: [String] { lock.withLock { lines } }
 }
