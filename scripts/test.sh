@@ -5,8 +5,14 @@
 # (scripts/install-deps.sh; skip with SIGNERD_SKIP_DEPS=1). Every token,
 # socket and key lives in a temporary directory; the system's SoftHSM tokens
 # are never touched. Extra arguments go to `swift test` (e.g. --filter).
+#
+# Usage: scripts/test.sh [swift test arguments, e.g. --filter AuditLog]
+#        scripts/test.sh -h | --help   (this text; swift test's own: swift test --help)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+case "${1:-}" in
+  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+esac
 [ "${SIGNERD_SKIP_DEPS:-0}" = 1 ] || scripts/install-deps.sh
 swift build --build-tests
 # Every test uses swift-testing. Without --disable-xctest, swift test first
