@@ -46,7 +46,8 @@ public enum LogValue: Sendable, Equatable, ExpressibleByStringLiteral, Expressib
 public struct Logger: Sendable {
     /// Lines below this level are dropped.
     public var minimumLevel: LogLevel
-    private let sink: @Sendable (String) -> Void
+    /// Writes one line; false when it could not be written whole.
+    private let sink: @Sendable (String) -> Bool
     /// Set by ``init(minimumLevel:events:)``: takes each event unformatted.
     private var events: (@Sendable (LogLevel, String, [(key: String, value: LogValue)]) -> Void)?
 
@@ -63,7 +64,18 @@ public struct Logger: Sendable {
     ///   - sink: receives one JSON line per call.
     public init(minimumLevel: LogLevel = .trace, sink: @escaping @Sendable (String) -> Void) {
         self.minimumLevel = minimumLevel
-        self.sink = sink
+        self.sink = { line in sink(line); return true }
+    }
+
+    /// A logger handing each finished line (without newline) to `writer`,
+    /// which says whether the line was written: a failed ``audit(_:fields:)``
+    /// line then returns false. For tests of what a lost audit line does.
+    /// - Parameters:
+    ///   - minimumLevel: the lowest level passed on.
+    ///   - writer: receives one JSON line per call; returns whether it was kept.
+    public init(minimumLevel: LogLevel = .trace, writer: @escaping @Sendable (String) -> Bool) {
+        self.minimumLevel = minimumLevel
+        self.sink = writer
     }
 
     /// A logger handing each event to `events` as it is, unformatted: for a
@@ -73,7 +85,7 @@ public struct Logger: Sendable {
     ///   - events: receives the level, the constant message and the metadata in order.
     public init(minimumLevel: LogLevel, events: @escaping @Sendable (_ level: LogLevel, _ message: String, _ metadata: [(key: String, value: LogValue)]) -> Void) {
         self.minimumLevel = minimumLevel
-        self.sink = { _ in }
+        self.sink = { _ in true }
         self.events = events
     }
 
@@ -82,20 +94,37 @@ public struct Logger: Sendable {
 
     private static let writeLock = Locked(())
 
-    private static let standardError: @Sendable (String) -> Void = { line in
+    /// Set by ``standardErrorIsDiscarded()``: standard error was closed
+    /// when the process started and now goes to `/dev/null`.
+    private static let standardErrorDiscarded = Atomic<Bool>(false)
+
+    /// Tells every logger writing to standard error that it goes nowhere
+    /// (the process found descriptor 2 closed and put `/dev/null` there):
+    /// ``audit(_:fields:)`` lines then fail, so that an audit trail is not
+    /// written to nothing while signatures go out.
+    public static func standardErrorIsDiscarded() {
+        standardErrorDiscarded.store(true, ordering: .releasing)
+    }
+
+    private static let standardError: @Sendable (String) -> Bool = { line in
+        guard !standardErrorDiscarded.load(ordering: .acquiring) else { return false }
         var bytes = Array(line.utf8)
         bytes.append(0x0a)
-        writeLock.withLock { _ in
+        return writeLock.withLock { _ in
             bytes.withUnsafeBytes { buffer in
                 var offset = 0
                 while offset < buffer.count {
                     let n = write(2, buffer.baseAddress! + offset, buffer.count - offset)  // non-empty: has "\n"
                     if n <= 0 {
                         if n < 0 && errno == EINTR { continue }
-                        return
+                        // A non-blocking standard error whose reader is behind: wait up to a second for room.
+                        var ready = pollfd(fd: 2, events: Int16(POLLOUT), revents: 0)
+                        if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && poll(&ready, 1, 1000) == 1 && ready.revents & Int16(POLLOUT) != 0 { continue }
+                        return false
                     }
                     offset += n
                 }
+                return true
             }
         }
     }
@@ -118,7 +147,7 @@ public struct Logger: Sendable {
     ///   - fields: dotted keys and their values, in order.
     public func log(_ level: LogLevel, _ message: String, fields metadata: [(key: String, value: LogValue)]) {
         guard level >= minimumLevel else { return }
-        emit(level, message, metadata)
+        _ = emit(level, message, metadata)
     }
 
     /// Writes one audit line at level `notice` whatever ``minimumLevel``
@@ -127,14 +156,19 @@ public struct Logger: Sendable {
     /// - Parameters:
     ///   - message: a constant describing the event (`signature_issued`).
     ///   - fields: dotted keys and their values, in order.
-    public func audit(_ message: String, fields metadata: [(key: String, value: LogValue)]) {
+    /// - Returns: whether the whole line was written: false when standard
+    ///   error refused it (a full disk or pipe, a closed reader, no room
+    ///   within a second on a non-blocking one) or goes to `/dev/null`
+    ///   (``standardErrorIsDiscarded()``). signerd returns no signature
+    ///   whose line was not written.
+    public func audit(_ message: String, fields metadata: [(key: String, value: LogValue)]) -> Bool {
         emit(.notice, message, metadata)
     }
 
-    private func emit(_ level: LogLevel, _ message: String, _ metadata: [(key: String, value: LogValue)]) {
+    private func emit(_ level: LogLevel, _ message: String, _ metadata: [(key: String, value: LogValue)]) -> Bool {
         if let events {
             events(level, message, metadata.map { ($0.key, $0.value) })
-            return
+            return true
         }
         var line = "{\"ts\":\"" + Logger.timestamp() + "\",\"level\":\"" + level.rawValue + "\",\"msg\":"
         Logger.appendJSONString(message, to: &line)
@@ -150,7 +184,7 @@ public struct Logger: Sendable {
             }
         }
         line += "}"
-        sink(line)
+        return sink(line)
     }
 
     /// Writes a `trace` line; see ``log(_:_:_:)``.
@@ -189,11 +223,12 @@ public struct Logger: Sendable {
     }
 
     /// The `String` form of `appendJSONString(_:to:)` with, when
-    /// `escapingInvisible`, also C1 controls (U+0080–U+009F) and the
-    /// bidirectional controls (U+061C, U+200E, U+200F, U+202A–U+202E,
-    /// U+2066–U+2069) as `\uXXXX`: log lines carry callers' text (an audit
-    /// line's product ID), and a viewer showing them raw would reorder what
-    /// follows. Responses and signed JSON keep their characters.
+    /// `escapingInvisible`, also C1 controls (U+0080–U+009F) and format
+    /// characters (general category Cf: the bidirectional controls such as
+    /// U+202E, zero-width spaces and joiners, U+FEFF, tags) as `\uXXXX`:
+    /// log lines carry callers' text (an audit line's product ID), and a
+    /// viewer showing them raw would reorder what follows or make two IDs
+    /// look alike. Responses and signed JSON keep their characters.
     static func appendJSONString(_ text: String, to out: inout String, escapingInvisible: Bool) {
         // Fast path: printable ASCII without quote or backslash goes in as is.
         var text = text
@@ -236,7 +271,7 @@ public struct Logger: Sendable {
             while index < bytes.count {
                 let byte = bytes[index]
                 // Most bytes need nothing: test for the four that might first.
-                guard byte < 0x20 || byte == 0x22 || byte == 0x5c || byte == 0xe2 || (escapingInvisible && (byte == 0xc2 || byte == 0xd8)) else {
+                guard byte < 0x20 || byte == 0x22 || byte == 0x5c || byte == 0xe2 || (escapingInvisible && byte >= 0xc2) else {
                     index += 1
                     continue
                 }
@@ -257,7 +292,9 @@ public struct Logger: Sendable {
                         index += 1
                         continue
                     }
-                    escape = "\\u" + String(scalar, radix: 16).leftPadded(to: 4)
+                    // Beyond the BMP (the tags, U+E0001…) as its UTF-16 surrogate pair (RFC 8259 §7).
+                    let units = scalar > 0xffff ? [0xd800 + ((scalar - 0x10000) >> 10), 0xdc00 + ((scalar - 0x10000) & 0x3ff)] : [scalar]
+                    escape = units.map { "\\u" + String($0, radix: 16).leftPadded(to: 4) }.joined()
                     width = length
                 default:
                     index += 1
@@ -273,22 +310,20 @@ public struct Logger: Sendable {
         out.append(UInt8(ascii: "\""))
     }
 
-    /// The C1 or bidirectional control whose UTF-8 starts at `index`
-    /// (C2 80–C2 9F, D8 9C, E2 80 8E/8F, E2 80 AA–AE, E2 81 A6–A9), with its
-    /// length in bytes; nil for any other character.
+    /// The invisible character whose UTF-8 starts at `index`, with its
+    /// length in bytes: a C1 control (U+0080–U+009F) or a format character
+    /// (Unicode general category Cf: the bidirectional controls, zero-width
+    /// spaces and joiners, U+FEFF, the soft hyphen, tags); nil for any other.
+    /// `bytes` is valid UTF-8 (a `String`'s).
     private static func invisibleScalar(_ bytes: UnsafeBufferPointer<UInt8>, at index: Int) -> (UInt32, Int)? {
-        guard index + 1 < bytes.count else { return nil }
-        let (first, second) = (bytes[index], bytes[index + 1])
-        switch first {
-        case 0xc2 where (0x80...0x9f).contains(second): return (UInt32(second), 2)
-        case 0xd8 where second == 0x9c: return (0x61c, 2)
-        case 0xe2 where index + 2 < bytes.count:
-            let third = bytes[index + 2]
-            let scalar = (UInt32(first & 0x0f) << 12) | (UInt32(second & 0x3f) << 6) | UInt32(third & 0x3f)
-            switch scalar {
-            case 0x200e, 0x200f, 0x202a...0x202e, 0x2066...0x2069: return (scalar, 3)
-            default: return nil
-            }
+        let first = bytes[index]
+        let length = first >= 0xf0 ? 4 : first >= 0xe0 ? 3 : first >= 0xc0 ? 2 : 1
+        guard length > 1, index + length <= bytes.count else { return nil }
+        var value = UInt32(first) & (0xff >> (length + 1))
+        for offset in 1..<length { value = value << 6 | UInt32(bytes[index + offset] & 0x3f) }
+        guard let scalar = Unicode.Scalar(value) else { return nil }
+        switch scalar.properties.generalCategory {
+        case .control, .format: return (value, length)
         default: return nil
         }
     }

@@ -46,6 +46,10 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
         public static let rateLimited = Code(rawValue: "rate_limited")
         /// 503: the HSM is unavailable; retry after `Retry-After` seconds.
         public static let hsmUnavailable = Code(rawValue: "hsm_unavailable")
+        /// 503: `audit_log` is on and the signature's audit line could not
+        /// be written (standard error full, closed or `/dev/null`), so the
+        /// signature is not returned; retry after `Retry-After` seconds.
+        public static let auditLogUnwritable = Code(rawValue: "audit_log_unwritable")
         /// 500: a bug, or a signature that did not verify (never returned).
         public static let internalError = Code(rawValue: "internal")
 
@@ -60,7 +64,7 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
             case .headersTooLarge: 431
             case .unsupportedMediaType: 415
             case .rateLimited: 429
-            case .hsmUnavailable: 503
+            case .hsmUnavailable, .auditLogUnwritable: 503
             default: 500
             }
         }

@@ -108,7 +108,7 @@ public final class Metrics: Sendable {
     }
 
     /// Counts a named event: `verification_failures`, `forbidden`, `rate_limited`,
-    /// `dropped_slow_requests`, `refused_connections`.
+    /// `dropped_slow_requests`, `refused_connections`, `audit_write_failures`.
     public func count(_ event: String) {
         events.withLock { $0[event, default: 0] += 1 }
     }
@@ -149,6 +149,7 @@ public final class Metrics: Sendable {
             "rate_limited": "Requests refused by the per-uid rate limit.",
             "dropped_slow_requests": "Connections dropped because a request took longer than request_timeout_seconds to arrive.",
             "refused_connections": "Connections closed on arrival because their uid already held max_connections_per_uid, or max_connections were open.",
+            "audit_write_failures": "Signatures not returned (503 audit_log_unwritable) because audit_log is on and their signature_issued line could not be written.",
         ]
         let events = self.events.withLock { $0 }
         for (event, help) in eventHelp.sorted(by: { $0.key < $1.key }) {

@@ -15,6 +15,31 @@ public enum ProcessControl {
         CSignerShim_disable_core_dumps() == 0
     }
 
+    /// Puts `/dev/null` on each of standard input, output and error that
+    /// is closed (started with `2>&-`, say). Otherwise the next file the
+    /// process opens takes that number: the listening socket, or a token
+    /// file SoftHSM opens for writing, and log lines written to
+    /// descriptor 2 would land in it.
+    /// - Returns: the descriptors (0, 1, 2) that were closed and now hold
+    ///   `/dev/null`; a descriptor `/dev/null` could not be opened on is
+    ///   left out and stays closed.
+    @discardableResult
+    public static func openClosedStandardDescriptors() -> [Int32] {
+        var reopened: [Int32] = []
+        for descriptor in Int32(0)...2 where fcntl(descriptor, F_GETFD) == -1 && errno == EBADF {
+            // The lowest free number: this one, as the ones below it are open.
+            let opened = open("/dev/null", O_RDWR)
+            guard opened >= 0 else { continue }
+            if opened != descriptor {
+                let moved = dup2(opened, descriptor)
+                close(opened)
+                guard moved == descriptor else { continue }
+            }
+            reopened.append(descriptor)
+        }
+        return reopened
+    }
+
     /// Whether the process may be dumped (`prctl(PR_GET_DUMPABLE)`).
     public static var isDumpable: Bool { CSignerShim_is_dumpable() != 0 }
 

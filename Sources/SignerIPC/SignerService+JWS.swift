@@ -81,7 +81,7 @@ extension SignerService {
             json(200, JWSResponse(jws: try assemble(input, signature), keyID: key.keyID, nonce: nonce))
         }
         if config.auditLog {
-            audit(request, keyID: key.keyID, bundleID: bundleID, audited + [("nonce", .string(nonce)), ("iat", .int(now))])
+            try audit(request, keyID: key.keyID, bundleID: bundleID, signature: signature, audited + [("nonce", .string(nonce)), ("iat", .int(now))])
         }
         return response
     }
@@ -106,9 +106,11 @@ extension SignerService {
             "nonce": .string(nonce),
         ]
         let input = CompactJWS.signingInput(keyID: key.keyID, claims: claims)
-        let token = try assemble(input, try signRaw(input, keyID: key.keyID, config))
+        let signature = try signRaw(input, keyID: key.keyID, config)
+        let token = try assemble(input, signature)
         if config.auditLog {
-            audit(request, keyID: key.keyID, bundleID: fields.bundleID, [("nonce", .string(nonce)), ("iat", .int(issuedAt)), ("exp", .int(expiresAt))])
+            try audit(request, keyID: key.keyID, bundleID: fields.bundleID, signature: signature,
+                      [("nonce", .string(nonce)), ("iat", .int(issuedAt)), ("exp", .int(expiresAt))])
         }
         return json(200, ServerAPITokenResponse(token: token, keyID: key.keyID, issuedAt: issuedAt, expiresAt: expiresAt))
     }

@@ -125,6 +125,10 @@ public final class SignerService: HTTPHandler, Sendable {
         token.expectKeys(Set(new.keys.map(\.keyID)))
         current.withLock { $0 = new }
         readiness.withLock { $0 = nil }
+        if new.auditLog != old.auditLog {
+            // In the trail itself, whatever log_level hides: auditing turned off leaves a trace.
+            _ = logger.audit("audit_log_changed", fields: [("audit_log", .bool(new.auditLog)), ("reason", .string("reload"))])
+        }
     }
 
     // MARK: HTTPHandler
@@ -703,39 +707,61 @@ public final class SignerService: HTTPHandler, Sendable {
         }
         let key = try resolveKey(bundleID: fields.bundleID, keyID: fields.keyID, peer: request.peer, config)
         let signed = try signClassic(payload, keyID: key.keyID, config)
-        auditClassic(request, config, bundleID: fields.bundleID, productID: fields.productID, offerID: fields.offerID, signed)
-        return signed
+        try auditClassic(request, config, bundleID: fields.bundleID, productID: fields.productID, offerID: fields.offerID, signed)
+        return signed.response
     }
 
     /// With `audit_log`, the `signature_issued` line of a classic signature
     /// (a single one, or one offer of a `/v1/offers` batch).
+    /// - Throws: 503 `audit_log_unwritable` when the line was not written.
     private func auditClassic(_ request: HTTPRequest, _ config: SignerConfiguration, bundleID: String, productID: String, offerID: String,
-                              _ signed: PromotionalOfferResponse) {
+                              _ signed: ClassicSignature) throws(APIError) {
         guard config.auditLog else { return }
-        audit(request, keyID: signed.keyID, bundleID: bundleID, [
-            ("product.id", .string(productID)), ("offer.id", .string(offerID)), ("nonce", .string(signed.nonce)),
-            ("timestamp", .int(signed.timestamp)), ("app_account_token.set", .bool(!signed.appAccountToken.isEmpty)),
+        let answer = signed.response
+        try audit(request, keyID: answer.keyID, bundleID: bundleID, signature: signed.der, [
+            ("product.id", .string(productID)), ("offer.id", .string(offerID)), ("nonce", .string(answer.nonce)),
+            ("timestamp", .int(answer.timestamp)), ("app_account_token.set", .bool(!answer.appAccountToken.isEmpty)),
         ])
     }
 
     /// Writes the `audit_log` line `signature_issued` for a signature about
     /// to be returned: who asked (the connection's `SO_PEERCRED` uid and
-    /// pid), the endpoint, the key and bundle IDs, then `details`. Callers
-    /// check `config.auditLog` first, so that an audit left off costs
-    /// nothing. Never a secret: identifiers, the nonce and times only.
+    /// pid), the endpoint, the key and bundle IDs, then `details`, then
+    /// `signature.sha256`. Callers check `config.auditLog` first, so that
+    /// an audit left off costs nothing. Never a secret, nor the signature
+    /// itself (whoever reads the log could redeem an offer not yet used):
+    /// identifiers, the nonce, times and the signature's SHA-256.
     /// - Parameters:
     ///   - request: the request being answered.
     ///   - keyID: the key that signed.
     ///   - bundleID: the bundle ID signed for.
+    ///   - signature: the signature's bytes as returned (DER for the
+    ///     classic kind, raw `r ‖ s` in a JWS), hashed into `signature.sha256`.
     ///   - details: what identifies this signature, by endpoint.
-    func audit(_ request: HTTPRequest, keyID: String, bundleID: String, _ details: [(key: String, value: LogValue)]) {
-        logger.audit("signature_issued", fields: [
+    /// - Throws: 503 `audit_log_unwritable` (counted in
+    ///   `signerd_audit_write_failures_total`) when standard error did not
+    ///   take the line: the signature must then not be returned.
+    func audit(_ request: HTTPRequest, keyID: String, bundleID: String, signature: [UInt8], _ details: [(key: String, value: LogValue)]) throws(APIError) {
+        let written = logger.audit("signature_issued", fields: [
             ("peer.uid", .int(Int64(request.peer.uid))), ("peer.pid", .int(Int64(request.peer.pid))), ("http.path", .string(request.path)),
             ("key.id", .string(keyID)), ("bundle.id", .string(bundleID)),
-        ] + details)
+        ] + details + [("signature.sha256", .string(SHA256.hash(signature).hexString))])
+        guard written else {
+            metrics.count("audit_write_failures")
+            var error = APIError(.auditLogUnwritable, "the signature was made but its audit line (audit_log) could not be written to signerd's standard error, so it is not returned; "
+                                 + "the operator must free the log's disk or pipe; retry later")
+            error.retryAfter = 1
+            throw error
+        }
     }
 
-    private func signClassic(_ checked: PromotionalOfferPayload, keyID: String, _ config: SignerConfiguration) throws(APIError) -> PromotionalOfferResponse {
+    /// A classic signature as answered, with the DER bytes its Base64 holds.
+    struct ClassicSignature {
+        var response: PromotionalOfferResponse
+        var der: [UInt8]
+    }
+
+    private func signClassic(_ checked: PromotionalOfferPayload, keyID: String, _ config: SignerConfiguration) throws(APIError) -> ClassicSignature {
         let payload: PromotionalOfferPayload
         do {
             payload = try checked.signed(by: keyID)
@@ -763,8 +789,10 @@ public final class SignerService: HTTPHandler, Sendable {
             guard let again = try? sign(digest: digest, keyID: keyID, config, countingErrors: false), again.raw != signature.raw else { break }
             signature = again
         }
-        return PromotionalOfferResponse(keyID: keyID, appAccountToken: payload.appAccountToken, nonce: payload.nonce, timestamp: payload.timestamp,
-                                        signature: Data(signature.der).base64EncodedString())
+        let der = signature.der
+        return ClassicSignature(response: PromotionalOfferResponse(keyID: keyID, appAccountToken: payload.appAccountToken, nonce: payload.nonce,
+                                                                   timestamp: payload.timestamp, signature: Data(der).base64EncodedString()),
+                                der: der)
     }
 
     /// The shortest DER signature a classic kind returns: 70 bytes, which
@@ -810,8 +838,9 @@ public final class SignerService: HTTPHandler, Sendable {
                 let payload = try PromotionalOfferPayload(
                     bundleID: fields.bundleID, keyID: key.keyID, productID: offer.productID, offerID: offer.offerID,
                     appAccountToken: token, nonce: AppleFields.randomUUID(), timestamp: AppleFields.nowMilliseconds())
-                let signed = try signClassic(payload, keyID: key.keyID, config)
-                auditClassic(request, config, bundleID: fields.bundleID, productID: offer.productID, offerID: offer.offerID, signed)
+                let classic = try signClassic(payload, keyID: key.keyID, config)
+                try auditClassic(request, config, bundleID: fields.bundleID, productID: offer.productID, offerID: offer.offerID, classic)
+                let signed = classic.response
                 results.append(.init(keyID: key.keyID, offerID: offer.offerID, productID: offer.productID,
                                      signatureData: .init(nonce: signed.nonce, signature: signed.signature, timestamp: signed.timestamp),
                                      signatureError: nil))

@@ -260,6 +260,9 @@ func runCommand(_ words: [String]) throws -> ExitCode {
     }
 }
 
+// A closed standard descriptor would be taken by the next file opened (a
+// token file SoftHSM writes), and messages for stderr would land in it.
+ProcessControl.openClosedStandardDescriptors()
 // `keys import` holds the private key and every token command the PIN:
 // neither may land in a core file or be read by ptrace, as in signerd.
 ProcessControl.disableCoreDumps()

@@ -133,6 +133,8 @@ func fileSizeLimitCheck(tokenURI: String) -> (bytes: UInt64, fatal: String?)? {
 /// The daemon: everything after the process starts, in a function rather
 /// than top-level code (whose globals made the optimizer run away in release).
 func runDaemon() -> Never {
+    // First, before anything opens a file that could take number 2 and receive log lines.
+    if ProcessControl.openClosedStandardDescriptors().contains(2) { Logger.standardErrorIsDiscarded() }
     let handledSignals = [SIGTERM, SIGINT, SIGHUP]
     ProcessControl.blockSignals(handledSignals)
     ProcessControl.disableCoreDumps()
@@ -348,8 +350,12 @@ func runDaemon() -> Never {
     logger.notice("signerd_ready", [
         "socket.path": .string(listeningPath), "socket.activated": .bool(socketActivated), "token.label": .string(token.label),
         "keys": .int(Int64(configuration.keys.count)),
-        "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())),
+        "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())), "audit_log": .bool(configuration.auditLog),
     ])
+    if configuration.auditLog {
+        // The trail says where it begins, whatever log_level hides.
+        _ = logger.audit("audit_log_changed", fields: [("audit_log", .bool(true)), ("reason", .string("start")), ("pid", .int(Int64(getpid())))])
+    }
 
     // Whether STOPPING=1 was sent; systemd must not see RELOADING=1 or
     // READY=1 from a reload after it. Checked and sent under one lock.
@@ -395,7 +401,7 @@ func runDaemon() -> Never {
         do {
             let fresh = try SignerConfiguration.load(path: configPath)
             try service.reload(fresh)
-            logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count))])
+            logger.notice("config_reloaded", ["keys": .int(Int64(fresh.keys.count)), "audit_log": .bool(fresh.auditLog)])
             // Against the start's values, which are the ones in effect.
             let unchanged = fresh.restartOnlyChanges(from: startConfiguration)
             if !unchanged.isEmpty {

@@ -35,15 +35,16 @@ struct JSONStringTests {
 
     /// Log lines carry callers' text (audit_log's product and offer IDs):
     /// a bidirectional control shown raw by a log viewer reorders the rest
-    /// of the line, so log lines escape them and the C1 controls; the
-    /// public form, used for responses and signed JSON, keeps them.
-    @Test("log lines escape C1 and bidirectional controls as \\uXXXX and read back the same text; responses keep them")
+    /// of the line and a zero-width one makes two IDs look alike, so log
+    /// lines escape format characters (Cf) and the C1 controls; the public
+    /// form, used for responses and signed JSON, keeps them.
+    @Test("log lines escape C1 controls and format characters (bidi controls, zero-width, BOM, tags) as \\uXXXX and read back the same text; responses keep them")
     func logLinesEscapeInvisible() throws {
-        let text = "a\u{202E}b\u{85}c\u{61C}d\u{2066}e\u{200F}f\u{9F}g\u{2069}h \u{202A}\u{2063}é中"
+        let text = "a\u{202E}b\u{85}c\u{61C}d\u{2066}e\u{200F}f\u{9F}g\u{2069}h \u{202A}\u{2063}é中 pro\u{200B}\u{FEFF}\u{AD}\u{E0041}😀"
         let lines = LockedLines()
         Logger(minimumLevel: .trace) { lines.append($0) }.info("m", ["v": .string(text)])
         let line = try #require(lines.all.first)
-        #expect(line.contains(#""v":"a\u202eb\u0085c\u061cd\u2066e\u200ff\u009fg\u2069h \u202a\#u{2063}é中""#), "\(line)")
+        #expect(line.contains(#""v":"a\u202eb\u0085c\u061cd\u2066e\u200ff\u009fg\u2069h \u202a\u2063é中 pro\u200b\ufeff\u00ad\udb40\udc41😀""#), "\(line)")
         let decoded = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
         #expect(decoded["v"] as? String == text)
         var response = ""

@@ -34,19 +34,20 @@ struct AuditLogTests {
         return try #require(try JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any])
     }
 
+    func base64urlDecoded(_ text: String) throws -> [UInt8] {
+        var plain = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+        plain += String(repeating: "=", count: (4 - plain.utf8.count % 4) % 4)
+        return try base64(plain)
+    }
+
     /// Verifies a compact JWS with OpenSSL against the daemon's public key
     /// and returns its claims.
     func verifiedClaims(_ jws: String, _ daemon: InProcessDaemon) throws -> [String: Any] {
-        func base64url(_ text: Substring) throws -> Data {
-            var plain = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-            plain += String(repeating: "=", count: (4 - plain.utf8.count % 4) % 4)
-            return try #require(Data(base64Encoded: plain), "base64url: \(text)")
-        }
-        let parts = jws.split(separator: ".", omittingEmptySubsequences: false)
+        let parts = jws.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
         try #require(parts.count == 3, "\(jws)")
-        let der = try ECDSASignature.der(fromRaw: Array(try base64url(parts[2])), curve: .p256)
+        let der = try ECDSASignature.der(fromRaw: try base64urlDecoded(parts[2]), curve: .p256)
         #expect(try opensslVerifies(publicKeyPEM: daemon.publicKey.pem, derSignature: der, message: Array("\(parts[0]).\(parts[1])".utf8)))
-        return try #require(try JSONSerialization.jsonObject(with: base64url(parts[1])) as? [String: Any])
+        return try #require(try JSONSerialization.jsonObject(with: Data(try base64urlDecoded(parts[1]))) as? [String: Any])
     }
 
     @Test("with audit_log, each signature of every endpoint gets one notice line naming the caller and what was signed, even at log_level warning")
@@ -116,6 +117,10 @@ struct AuditLogTests {
         #expect(lines[0]["nonce"] as? String == classicNonce)
         #expect(lines[0]["timestamp"] as? Int64 == classicTimestamp)
         #expect(lines[0]["app_account_token.set"] as? Bool == true)
+        #expect(lines[0]["signature.sha256"] as? String == SHA256.hash(classicDER).hexString)
+        let bearerSignature = try base64urlDecoded(String(try value(bearer, "token", as: String.self).split(separator: ".")[2]))
+        #expect(lines[6]["signature.sha256"] as? String == SHA256.hash(bearerSignature).hexString)
+        #expect(Set(lines.compactMap { $0["signature.sha256"] as? String }).count == 7, "every line names its own signature")
         #expect(lines[1]["offer.id"] as? String == "o1" && lines[2]["offer.id"] as? String == "o2")
         #expect(lines[1...2].map { $0["nonce"] as? String ?? "" } == batchNonces)
         #expect(lines[1]["app_account_token.set"] as? Bool == false)
@@ -131,6 +136,30 @@ struct AuditLogTests {
         let everything = daemon.logLines.lines.joined(separator: "\n").lowercased()
         #expect(!everything.contains(token.lowercased()), "the app account token's value is never logged")
         #expect(!everything.contains(classicSignature.lowercased()), "nor a signature")
+    }
+
+    @Test("an audit line that cannot be written returns no signature: 503 audit_log_unwritable for every endpoint, counted")
+    func unwritableLine() throws {
+        let daemon = try InProcessDaemon(configure: { $0.auditLog = true }, keepsLine: { !$0.contains("\"signature_issued\"") })
+        defer { daemon.stop() }
+        let bundle = daemon.bundleID
+        let requests = [
+            ("/v1/sign/promotional-offer", #"{"bundle_id":"\#(bundle)","product_id":"p","offer_id":"o"}"#),
+            ("/v1/offers", #"{"bundle_id":"\#(bundle)","app_user_id":"u","generate_offers":[{"offer_id":"o1","product_id":"p1"}]}"#),
+            ("/v1/sign/promotional-offer-v2", #"{"bundle_id":"\#(bundle)","product_id":"p","offer_id":"o"}"#),
+            ("/v1/sign/introductory-offer-eligibility", #"{"bundle_id":"\#(bundle)","product_id":"p","allow_introductory_offer":true,"transaction_id":"1"}"#),
+            ("/v1/sign/advanced-commerce-request", #"{"bundle_id":"\#(bundle)","request":{"a":1}}"#),
+            ("/v1/tokens/app-store-server-api", #"{"bundle_id":"\#(bundle)"}"#),
+        ]
+        for (path, body) in requests {
+            let response = try SignerClient(socketPath: daemon.socketPath).send("POST", path, body: Array(body.utf8))
+            let text = String(decoding: response.body, as: UTF8.self)
+            #expect(response.status == 503, "\(path): \(text)")
+            #expect(response.error?.code == "audit_log_unwritable", "\(path): \(text)")
+            #expect(response.headers["retry-after"] == "1", "\(path)")
+            #expect(!text.contains("signature\"") && !text.contains("jws") && !text.contains("token\""), "\(path): no signature leaves: \(text)")
+        }
+        #expect(daemon.service.metrics.value("audit_write_failures") == UInt64(requests.count))
     }
 
     @Test("without audit_log (the default) no signature_issued line is written, even at log_level trace")

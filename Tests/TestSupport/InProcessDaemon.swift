@@ -34,8 +34,12 @@ public final class InProcessDaemon: @unchecked Sendable {
     ///     searchable by all when others may connect).
     ///   - logLevel: the least level ``logLines`` collects.
     ///   - configure: changes to the configuration before the service starts.
+    ///   - keepsLine: whether a log line is written (it is collected
+    ///     either way); false makes ``Logger/audit(_:fields:)`` fail, as a
+    ///     full standard error would.
     public init(signTimeoutMs: Int = 1000, sessions: Int = 4, socketMode: mode_t = 0o600, logLevel: LogLevel = .info,
-                configure: (inout SignerConfiguration) -> Void = { _ in }) throws {
+                configure: (inout SignerConfiguration) -> Void = { _ in },
+                keepsLine: @escaping @Sendable (String) -> Bool = { _ in true }) throws {
         let made = try SoftHSMFixture.shared.makeToken("daemon")
         directory = TemporaryDirectory.make(prefix: "signerd-inproc")
         socketPath = directory + "/signerd.sock"
@@ -58,7 +62,7 @@ public final class InProcessDaemon: @unchecked Sendable {
         configure(&config)
         let lines = LineCollector()
         logLines = lines
-        let logger = Logger(minimumLevel: logLevel) { line in lines.append(line) }
+        let logger = Logger(minimumLevel: logLevel, writer: { line in lines.append(line); return keepsLine(line) })
         var options = TokenOptions()
         options.sessionPoolSize = sessions
         options.logger = logger
