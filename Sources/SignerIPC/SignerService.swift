@@ -235,6 +235,10 @@ public final class SignerService: HTTPHandler, Sendable {
         var error: APIError
         if markDownIfNoSessionReturned() {
             error = APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; a call hung in the module is written off and its session quarantined")
+        } else if path == Route.offers.rawValue {
+            // A batch makes one signature per offer, each after a session wait: its time adds up.
+            error = APIError(.hsmUnavailable, "the /v1/offers batch was not answered within sign_timeout_ms: it makes one signature per offer, and the HSM answered the ones made so far; "
+                             + "send fewer offers per request, raise sign_timeout_ms, or retry later (no signature of this request is returned)")
         } else {
             error = APIError(.hsmUnavailable, "no PKCS#11 session came free within sign_timeout_ms: the HSM is busy with other requests; retry later, or raise session_pool_size")
         }

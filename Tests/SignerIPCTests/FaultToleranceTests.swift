@@ -203,6 +203,30 @@ struct FaultToleranceTests {
         #expect(counted.contains("signerd_hsm_errors_total{rv=\"sign_timeout\"} "), "an HSM error")
     }
 
+    /// A batch that outlasted sign_timeout_ms on a healthy token was told
+    /// "the HSM is busy with other requests" on an idle daemon, or that
+    /// signerd was still reading it after it had made 17 signatures (an
+    /// attack round on the audit log).
+    @Test("a /v1/offers batch that outlasts sign_timeout_ms on a healthy, idle token: 503 naming the batch and what to do, the token stays up")
+    func longBatchTimesOut() throws {
+        let daemon = try InProcessDaemon(signTimeoutMs: 300)
+        defer { daemon.stop() }
+        daemon.faults.inject(.sign, .ok, count: nil, delay: 0.03)  // a slow module: 30 ms a signature, 20 offers 600 ms
+        let offers = (1...20).map { #"{"offer_id":"o\#($0)","product_id":"p"}"# }.joined(separator: ",")
+        let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","app_user_id":"u","generate_offers":[\#(offers)]}"#.utf8)
+        let response = try SignerClient(socketPath: daemon.socketPath, timeout: 10).send("POST", "/v1/offers", body: body)
+        #expect(response.status == 503, "\(String(decoding: response.body, as: UTF8.self))")
+        #expect(response.error?.message.hasPrefix("the /v1/offers batch was not answered within sign_timeout_ms") == true, "\(response.error?.message ?? "")")
+        #expect(response.headers["retry-after"] == "1")
+        let handlerDone = MonotonicClock.deadline(after: 10)
+        while daemon.server.requestsInProgress > 0 && MonotonicClock.now() < handlerDone { usleep(10_000) }
+        daemon.faults.clear()
+        #expect(daemon.token.status == .up)
+        #expect(daemon.logged("token_down") == 0, "\(daemon.logLines.lines.suffix(4))")
+        let signed = try SignerClient(socketPath: daemon.socketPath, timeout: 10).send("POST", "/v1/sign/promotional-offer", body: daemon.offerBody)
+        #expect(signed.status == 200 && daemon.verifies(signed), "\(String(decoding: signed.body, as: UTF8.self))")
+    }
+
     /// A request that reached the token just before its deadline and asked
     /// for a session just after it waited for none, yet was answered
     /// `session_unavailable`, counted, and the idle token marked down (a
