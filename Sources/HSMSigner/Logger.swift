@@ -94,38 +94,54 @@ public struct Logger: Sendable {
 
     private static let writeLock = Locked(())
 
-    /// Set by ``standardErrorIsDiscarded()``: standard error was closed
-    /// when the process started and now goes to `/dev/null`.
+    /// Set by ``markStandardErrorDiscarded()``: standard error goes to
+    /// `/dev/null` (closed at start, or so redirected).
     private static let standardErrorDiscarded = Atomic<Bool>(false)
+    /// A line was cut short (standard error refused the rest): the next one
+    /// starts on a new line, so that it still parses.
+    private static let lineTorn = Atomic<Bool>(false)
+    /// The longest one line may wait for standard error to take it, in
+    /// milliseconds, before it counts as not written.
+    static let lineWriteLimitMilliseconds = 1000
 
     /// Tells every logger writing to standard error that it goes nowhere
-    /// (the process found descriptor 2 closed and put `/dev/null` there):
-    /// ``audit(_:fields:)`` lines then fail, so that an audit trail is not
-    /// written to nothing while signatures go out.
-    public static func standardErrorIsDiscarded() {
+    /// (descriptor 2 was closed at start and now holds `/dev/null`, or was
+    /// `/dev/null` already): ``audit(_:fields:)`` lines then fail, so that
+    /// an audit trail is not written to nothing while signatures go out.
+    public static func markStandardErrorDiscarded() {
         standardErrorDiscarded.store(true, ordering: .releasing)
     }
 
+    /// Writes `line` and a newline to descriptor 2 within
+    /// ``lineWriteLimitMilliseconds``: `poll(POLLOUT)` before each `write`,
+    /// so that a reader who stopped reading (a full pipe or socket, blocking
+    /// or not) costs a line, not a thread blocked for ever with the lock held.
     private static let standardError: @Sendable (String) -> Bool = { line in
         guard !standardErrorDiscarded.load(ordering: .acquiring) else { return false }
         var bytes = Array(line.utf8)
         bytes.append(0x0a)
         return writeLock.withLock { _ in
-            bytes.withUnsafeBytes { buffer in
+            if lineTorn.load(ordering: .relaxed) { bytes.insert(0x0a, at: 0) }
+            let deadline = MonotonicClock.deadline(after: Double(lineWriteLimitMilliseconds) / 1000)
+            let written = bytes.withUnsafeBytes { buffer in
                 var offset = 0
                 while offset < buffer.count {
+                    let now = MonotonicClock.now()
+                    guard now < deadline else { break }
+                    var ready = pollfd(fd: 2, events: Int16(POLLOUT), revents: 0)
+                    let polled = poll(&ready, 1, Int32(max(1, (deadline - now) / 1_000_000)))
+                    if polled < 0 && errno == EINTR { continue }
+                    guard polled == 1, ready.revents & Int16(POLLOUT) != 0 else { break }
                     let n = write(2, buffer.baseAddress! + offset, buffer.count - offset)  // non-empty: has "\n"
-                    if n <= 0 {
-                        if n < 0 && errno == EINTR { continue }
-                        // A non-blocking standard error whose reader is behind: wait up to a second for room.
-                        var ready = pollfd(fd: 2, events: Int16(POLLOUT), revents: 0)
-                        if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && poll(&ready, 1, 1000) == 1 && ready.revents & Int16(POLLOUT) != 0 { continue }
-                        return false
-                    }
+                    if n < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) { continue }
+                    guard n > 0 else { break }
                     offset += n
                 }
-                return true
+                return offset
             }
+            // Nothing written leaves the line before intact; a part written leaves it torn.
+            if written > 0 { lineTorn.store(written < bytes.count, ordering: .relaxed) }
+            return written == bytes.count
         }
     }
 
@@ -158,9 +174,9 @@ public struct Logger: Sendable {
     ///   - fields: dotted keys and their values, in order.
     /// - Returns: whether the whole line was written: false when standard
     ///   error refused it (a full disk or pipe, a closed reader, no room
-    ///   within a second on a non-blocking one) or goes to `/dev/null`
-    ///   (``standardErrorIsDiscarded()``). signerd returns no signature
-    ///   whose line was not written.
+    ///   within ``lineWriteLimitMilliseconds``, a reader that stopped
+    ///   reading) or goes to `/dev/null` (``markStandardErrorDiscarded()``).
+    ///   signerd returns no signature whose line was not written.
     public func audit(_ message: String, fields metadata: [(key: String, value: LogValue)]) -> Bool {
         emit(.notice, message, metadata)
     }
@@ -271,7 +287,7 @@ public struct Logger: Sendable {
             while index < bytes.count {
                 let byte = bytes[index]
                 // Most bytes need nothing: test for the four that might first.
-                guard byte < 0x20 || byte == 0x22 || byte == 0x5c || byte == 0xe2 || (escapingInvisible && byte >= 0xc2) else {
+                guard byte < 0x20 || byte == 0x22 || byte == 0x5c || byte == 0xe2 || (escapingInvisible && (byte == 0x7f || byte >= 0xc2)) else {
                     index += 1
                     continue
                 }
@@ -283,7 +299,7 @@ public struct Logger: Sendable {
                 case 0x0a: escape = "\\n"
                 case 0x0d: escape = "\\r"
                 case 0x09: escape = "\\t"
-                case 0x00..<0x20: escape = "\\u" + String(byte, radix: 16).leftPadded(to: 4)
+                case 0x00..<0x20, 0x7f: escape = "\\u" + String(byte, radix: 16).leftPadded(to: 4)
                 case 0xe2 where index + 2 < bytes.count && bytes[index + 1] == 0x80 && (bytes[index + 2] == 0xa8 || bytes[index + 2] == 0xa9):
                     escape = bytes[index + 2] == 0xa8 ? "\\u2028" : "\\u2029"
                     width = 3

@@ -26,6 +26,9 @@ public enum ExitCode: Int32, Sendable {
     case unavailable = 69
     /// An internal software error.
     case software = 70
+    /// An operating system error (sysexits `EX_OSERR`): signerd could not
+    /// put `/dev/null` on a closed standard descriptor.
+    case osError = 71
     /// A temporary failure; try again.
     case tempFail = 75
     /// Permission denied.

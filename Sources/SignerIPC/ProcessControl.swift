@@ -20,24 +20,36 @@ public enum ProcessControl {
     /// process opens takes that number: the listening socket, or a token
     /// file SoftHSM opens for writing, and log lines written to
     /// descriptor 2 would land in it.
-    /// - Returns: the descriptors (0, 1, 2) that were closed and now hold
-    ///   `/dev/null`; a descriptor `/dev/null` could not be opened on is
-    ///   left out and stays closed.
+    /// - Returns: the descriptors (0, 1, 2) that were closed. One that
+    ///   `/dev/null` could not be put on is still closed:
+    ///   ``standardDescriptorsOpen`` says so.
     @discardableResult
     public static func openClosedStandardDescriptors() -> [Int32] {
-        var reopened: [Int32] = []
+        var closed: [Int32] = []
         for descriptor in Int32(0)...2 where fcntl(descriptor, F_GETFD) == -1 && errno == EBADF {
+            closed.append(descriptor)
             // The lowest free number: this one, as the ones below it are open.
             let opened = open("/dev/null", O_RDWR)
-            guard opened >= 0 else { continue }
-            if opened != descriptor {
-                let moved = dup2(opened, descriptor)
+            if opened >= 0 && opened != descriptor {
+                _ = dup2(opened, descriptor)
                 close(opened)
-                guard moved == descriptor else { continue }
             }
-            reopened.append(descriptor)
         }
-        return reopened
+        return closed
+    }
+
+    /// Whether descriptors 0, 1 and 2 are all open (`fcntl(F_GETFD)`).
+    public static var standardDescriptorsOpen: Bool {
+        (Int32(0)...2).allSatisfy { fcntl($0, F_GETFD) != -1 }
+    }
+
+    /// Whether standard error is the null device (`StandardError=null`,
+    /// `2>/dev/null`): the same character device as `/dev/null` (`fstat`).
+    public static var standardErrorIsNullDevice: Bool {
+        var error = stat()
+        var null = stat()
+        guard fstat(2, &error) == 0, stat("/dev/null", &null) == 0 else { return false }
+        return error.st_mode & S_IFMT == S_IFCHR && null.st_mode & S_IFMT == S_IFCHR && error.st_rdev == null.st_rdev
     }
 
     /// Whether the process may be dumped (`prctl(PR_GET_DUMPABLE)`).

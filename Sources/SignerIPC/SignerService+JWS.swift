@@ -20,7 +20,7 @@ extension SignerService {
     func signJWS(_ route: Route, _ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> HTTPResponse {
         let now = AppleFields.nowMilliseconds() / 1000
         var claims: [String: ClaimValue]
-        // What the audit_log line names besides the key, the bundle, the nonce and iat.
+        // What the audit_log line names besides the key, the bundle, the nonce and iat (left empty when audit_log is off).
         var audited: [(key: String, value: LogValue)] = []
         let bundleID: String
         let keyID: String?
@@ -36,8 +36,10 @@ extension SignerService {
             claims = ["aud": .string(JWSAudience.promotionalOffer), "productId": .string(fields.productID),
                       "offerIdentifier": .string(fields.offerID)]
             if let transactionID = fields.transactionID { claims["transactionId"] = .string(transactionID) }
-            audited = [("product.id", .string(fields.productID)), ("offer.id", .string(fields.offerID))]
-            if let transactionID = fields.transactionID { audited.append(("transaction.id", .string(transactionID))) }
+            if config.auditLog {
+                audited = [("product.id", .string(fields.productID)), ("offer.id", .string(fields.offerID))]
+                if let transactionID = fields.transactionID { audited.append(("transaction.id", .string(transactionID))) }
+            }
         case .introductoryOfferEligibility:
             let fields = try read(request) { () throws(APIError) in try IntroductoryOfferEligibilityRequest(body: request.body) }
             try checked { () throws(FieldError) in
@@ -47,8 +49,10 @@ extension SignerService {
             (bundleID, keyID) = (fields.bundleID, fields.keyID)
             claims = ["aud": .string(JWSAudience.introductoryOfferEligibility), "productId": .string(fields.productID),
                       "allowIntroductoryOffer": .bool(fields.allowIntroductoryOffer), "transactionId": .string(fields.transactionID)]
-            audited = [("product.id", .string(fields.productID)), ("transaction.id", .string(fields.transactionID)),
-                       ("allow_introductory_offer", .bool(fields.allowIntroductoryOffer))]
+            if config.auditLog {
+                audited = [("product.id", .string(fields.productID)), ("transaction.id", .string(fields.transactionID)),
+                           ("allow_introductory_offer", .bool(fields.allowIntroductoryOffer))]
+            }
         case .advancedCommerceRequest:
             // Only the Base64 leaves the slot: the values read (about 20 × the
             // body's size) are released before the request waits for the token.
@@ -60,7 +64,7 @@ extension SignerService {
                 return (fields.bundleID, fields.keyID, json.base64EncodedString(), json.count)
             }
             claims = ["aud": .string(JWSAudience.advancedCommerce), "request": .string(encoded)]
-            audited = [("request.bytes", .int(Int64(requestBytes)))]
+            if config.auditLog { audited = [("request.bytes", .int(Int64(requestBytes)))] }
         case .serverAPIToken:
             let fields = try read(request) { () throws(APIError) in try ServerAPITokenRequest(body: request.body) }
             return try serverAPIToken(fields, request, config, now: now)

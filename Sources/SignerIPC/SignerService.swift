@@ -123,12 +123,13 @@ public final class SignerService: HTTPHandler, Sendable {
         }
         token.forgetKey(nil)
         token.expectKeys(Set(new.keys.map(\.keyID)))
-        current.withLock { $0 = new }
-        readiness.withLock { $0 = nil }
         if new.auditLog != old.auditLog {
-            // In the trail itself, whatever log_level hides: auditing turned off leaves a trace.
+            // In the trail itself, whatever log_level hides, and before the
+            // change takes effect: auditing turned off leaves a trace.
             _ = logger.audit("audit_log_changed", fields: [("audit_log", .bool(new.auditLog)), ("reason", .string("reload"))])
         }
+        current.withLock { $0 = new }
+        readiness.withLock { $0 = nil }
     }
 
     // MARK: HTTPHandler

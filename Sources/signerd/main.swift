@@ -20,7 +20,8 @@ usage: signerd [--config FILE] [--check-config]
 
 Signals: SIGTERM/SIGINT stop accepting, finish requests in flight, exit 0;
 SIGHUP reloads the configuration (a bad one is refused, the old one stays).
-Exit codes: 0 ok, 64 usage, 69 token or socket unavailable, 77 PIN refused, 78 configuration.
+Exit codes: 0 ok, 64 usage, 69 token or socket unavailable, 71 closed standard descriptor,
+77 PIN refused, 78 configuration.
 """
 
 func fail(_ code: ExitCode, _ message: String, logger: Logger? = nil, _ metadata: KeyValuePairs<String, LogValue> = [:]) -> Never {
@@ -134,7 +135,11 @@ func fileSizeLimitCheck(tokenURI: String) -> (bytes: UInt64, fatal: String?)? {
 /// than top-level code (whose globals made the optimizer run away in release).
 func runDaemon() -> Never {
     // First, before anything opens a file that could take number 2 and receive log lines.
-    if ProcessControl.openClosedStandardDescriptors().contains(2) { Logger.standardErrorIsDiscarded() }
+    let closedAtStart = ProcessControl.openClosedStandardDescriptors()
+    // Without /dev/null on all three any file could take number 2 (nothing can be logged to say so): EX_OSERR.
+    guard ProcessControl.standardDescriptorsOpen else { exit(ExitCode.osError.rawValue) }
+    // An audit trail to nowhere is none: audit_log then refuses every signature (503 audit_log_unwritable).
+    if closedAtStart.contains(2) || ProcessControl.standardErrorIsNullDevice { Logger.markStandardErrorDiscarded() }
     let handledSignals = [SIGTERM, SIGINT, SIGHUP]
     ProcessControl.blockSignals(handledSignals)
     ProcessControl.disableCoreDumps()
@@ -317,6 +322,10 @@ func runDaemon() -> Never {
     if configuration.httpThreads != nil {
         logger.warning("config_option_ignored", ["option": "http_threads", "hint": "each connection has its own thread; remove http_threads from the file"])
     }
+    if configuration.auditLog {
+        // The trail says where it begins, whatever log_level hides, before the first signature can come.
+        _ = logger.audit("audit_log_changed", fields: [("audit_log", .bool(true)), ("reason", .string("start")), ("pid", .int(Int64(getpid())))])
+    }
     let server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: metrics)
     do {
         try server.start()
@@ -352,10 +361,6 @@ func runDaemon() -> Never {
         "keys": .int(Int64(configuration.keys.count)),
         "sessions": .int(Int64(token.sessionCapacity)), "pid": .int(Int64(getpid())), "audit_log": .bool(configuration.auditLog),
     ])
-    if configuration.auditLog {
-        // The trail says where it begins, whatever log_level hides.
-        _ = logger.audit("audit_log_changed", fields: [("audit_log", .bool(true)), ("reason", .string("start")), ("pid", .int(Int64(getpid())))])
-    }
 
     // Whether STOPPING=1 was sent; systemd must not see RELOADING=1 or
     // READY=1 from a reload after it. Checked and sent under one lock.

@@ -58,6 +58,61 @@ struct AuditLogEndToEndTests {
         #expect(daemon.verifies(response))
     }
 
+    @Test("standard error to /dev/null (2>/dev/null, StandardError=null): with audit_log every signature is refused")
+    func nullDevice() throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["audit_log": true])
+        try start(daemon, standardError: "/dev/null")
+        defer { _ = daemon.stop() }
+        let refused = try daemon.client().send("POST", "/v1/sign/promotional-offer", body: Self.offer)
+        #expect(refused.status == 503 && refused.error?.code == "audit_log_unwritable", "\(String(decoding: refused.body, as: UTF8.self))")
+    }
+
+    /// A log reader that stops reading (journald wedged, a pipe to a tool
+    /// that hangs) fills the pipe; a blocking write would then hold every
+    /// logging thread for ever, the watchdog's included.
+    @Test("standard error a blocking pipe nobody reads: once it is full, signatures get 503 within about a second each and the daemon keeps answering; once read again, every line is whole JSON and signing resumes")
+    func unreadPipe() throws {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["audit_log": true, "log_level": "warning", "sign_timeout_ms": 10000])
+        let fifo = daemon.directory + "/stderr.fifo"
+        try #require(mkfifo(fifo, 0o600) == 0)
+        // Opened for reading (not read) first, so that signerd's open for writing does not wait; then blocking.
+        let reader = open(fifo, O_RDONLY | O_NONBLOCK)
+        try #require(reader >= 0)
+        defer { close(reader) }
+        try start(daemon, standardError: fifo)
+        defer { _ = daemon.stop() }
+        // A timeout, so that a daemon whose log writes block fails this test instead of hanging it.
+        let client = SignerClient(socketPath: daemon.socketPath, timeout: 15)
+        var refused: ClientResponse?
+        var signedBefore = 0
+        let started = Date()
+        while refused == nil && signedBefore < 2000 && Date().timeIntervalSince(started) < 60 {
+            let response = try client.send("POST", "/v1/sign/promotional-offer", body: Self.offer)
+            if response.status == 200 { signedBefore += 1 } else { refused = response }
+        }
+        let full = try #require(refused, "the 64 KiB pipe never filled: \(signedBefore) signatures")
+        #expect(full.status == 503 && full.error?.code == "audit_log_unwritable", "\(String(decoding: full.body, as: UTF8.self))")
+        #expect(try client.send("GET", "/healthz").status == 200, "the daemon keeps answering")
+
+        // Read the pipe dry, then sign again.
+        var text = Data()
+        var chunk = [UInt8](repeating: 0, count: 65536)
+        func drain() { while true { let n = read(reader, &chunk, chunk.count); if n <= 0 { break }; text.append(contentsOf: chunk[0..<n]) } }
+        drain()
+        let again = try client.send("POST", "/v1/sign/promotional-offer", body: Self.offer)
+        #expect(daemon.verifies(again))
+        usleep(200_000)
+        drain()
+        let lines = String(decoding: text, as: UTF8.self).split(separator: "\n")
+        let issued = lines.filter { $0.contains("\"signature_issued\"") }
+        #expect(issued.count == signedBefore + 1, "one line per signature returned: \(issued.count) lines, \(signedBefore + 1) signatures")
+        for line in lines {
+            #expect((try? JSONSerialization.jsonObject(with: Data(line.utf8))) != nil, "a torn line: \(line.prefix(200))")
+        }
+    }
+
     @Test("with audit_log on a working standard error, each signature's line carries the SHA-256 of the signature returned, and start and reload leave audit_log_changed lines at log_level warning")
     func signatureHashAndTrailChanges() throws {
         let daemon = try DaemonHarness()

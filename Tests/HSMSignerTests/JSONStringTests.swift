@@ -1,5 +1,6 @@
 import Foundation
 import HSMSigner
+import TestSupport
 import Testing
 
 @Suite("JSON string literals (responses, JWS headers and claims, log lines)")
@@ -40,11 +41,11 @@ struct JSONStringTests {
     /// form, used for responses and signed JSON, keeps them.
     @Test("log lines escape C1 controls and format characters (bidi controls, zero-width, BOM, tags) as \\uXXXX and read back the same text; responses keep them")
     func logLinesEscapeInvisible() throws {
-        let text = "a\u{202E}b\u{85}c\u{61C}d\u{2066}e\u{200F}f\u{9F}g\u{2069}h \u{202A}\u{2063}é中 pro\u{200B}\u{FEFF}\u{AD}\u{E0041}😀"
-        let lines = LockedLines()
+        let text = "a\u{202E}b\u{85}c\u{61C}d\u{2066}e\u{200F}f\u{9F}g\u{2069}h \u{202A}\u{2063}é中 pro\u{200B}\u{FEFF}\u{AD}\u{E0041}😀\u{7F}"
+        let lines = LineCollector()
         Logger(minimumLevel: .trace) { lines.append($0) }.info("m", ["v": .string(text)])
-        let line = try #require(lines.all.first)
-        #expect(line.contains(#""v":"a\u202eb\u0085c\u061cd\u2066e\u200ff\u009fg\u2069h \u202a\u2063é中 pro\u200b\ufeff\u00ad\udb40\udc41😀""#), "\(line)")
+        let line = try #require(lines.lines.first)
+        #expect(line.contains(#""v":"a\u202eb\u0085c\u061cd\u2066e\u200ff\u009fg\u2069h \u202a\u2063é中 pro\u200b\ufeff\u00ad\udb40\udc41😀\u007f""#), "\(line)")
         let decoded = try #require(try JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any])
         #expect(decoded["v"] as? String == text)
         var response = ""
@@ -60,10 +61,3 @@ struct JSONStringTests {
     }
 }
 
-/// Lines a test logger wrote.
-private final class LockedLines: @unchecked Sendable {
-    private let lock = NSLock()
-    private var lines: [String] = []
-    func append(_ line: String) { lock.withLock { lines.append(line) } }
-    var all: [String] { lock.withLock { lines } }
-}

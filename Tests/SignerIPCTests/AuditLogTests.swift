@@ -2,6 +2,7 @@ import Foundation
 import HSMSigner
 import SignerIPC
 import TestSupport
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -125,13 +126,16 @@ struct AuditLogTests {
         #expect(lines[1...2].map { $0["nonce"] as? String ?? "" } == batchNonces)
         #expect(lines[1]["app_account_token.set"] as? Bool == false)
         #expect(lines[3]["offer.id"] as? String == "intro_50" && lines[3]["transaction.id"] as? String == "2000000012345678")
-        #expect(lines[3]["nonce"] as? String == v2Claims["nonce"] as? String && lines[3]["iat"] as? Int == v2Claims["iat"] as? Int)
+        // Each claim is required first, so that two missing values cannot compare equal.
+        #expect(lines[3]["nonce"] as? String == (try value(v2Claims, "nonce", as: String.self)))
+        #expect(lines[3]["iat"] as? Int == (try value(v2Claims, "iat", as: Int.self)))
         #expect(lines[4]["transaction.id"] as? String == "2000000087654321" && lines[4]["allow_introductory_offer"] as? Bool == false)
-        #expect(lines[4]["nonce"] as? String == introClaims["nonce"] as? String)
+        #expect(lines[4]["nonce"] as? String == (try value(introClaims, "nonce", as: String.self)))
         #expect(lines[5]["request.bytes"] as? Int == #"{"operation":"CREATE"}"#.utf8.count)
-        #expect(lines[5]["nonce"] as? String == commerceClaims["nonce"] as? String)
-        #expect(lines[6]["iat"] as? Int == bearerClaims["iat"] as? Int && lines[6]["exp"] as? Int == bearerClaims["exp"] as? Int)
-        #expect(lines[6]["nonce"] as? String == bearerClaims["nonce"] as? String)
+        #expect(lines[5]["nonce"] as? String == (try value(commerceClaims, "nonce", as: String.self)))
+        #expect(lines[6]["iat"] as? Int == (try value(bearerClaims, "iat", as: Int.self)))
+        #expect(lines[6]["exp"] as? Int == (try value(bearerClaims, "exp", as: Int.self)))
+        #expect(lines[6]["nonce"] as? String == (try value(bearerClaims, "nonce", as: String.self)))
 
         let everything = daemon.logLines.lines.joined(separator: "\n").lowercased()
         #expect(!everything.contains(token.lowercased()), "the app account token's value is never logged")
@@ -160,6 +164,22 @@ struct AuditLogTests {
             #expect(!text.contains("signature\"") && !text.contains("jws") && !text.contains("token\""), "\(path): no signature leaves: \(text)")
         }
         #expect(daemon.service.metrics.value("audit_write_failures") == UInt64(requests.count))
+    }
+
+    @Test("a batch whose second offer's audit line fails is refused whole: no signature of it leaves, the first offer's line stays")
+    func batchFailsWhole() throws {
+        let written = Mutex(0)
+        let daemon = try InProcessDaemon(configure: { $0.auditLog = true }, keepsLine: { line in
+            guard line.contains("\"signature_issued\"") else { return true }
+            return written.withLock { count in count += 1; return count < 2 }
+        })
+        defer { daemon.stop() }
+        let body = #"{"bundle_id":"\#(daemon.bundleID)","app_user_id":"u","generate_offers":[{"offer_id":"o1","product_id":"p"},{"offer_id":"o2","product_id":"p"},{"offer_id":"o3","product_id":"p"}]}"#
+        let response = try SignerClient(socketPath: daemon.socketPath).send("POST", "/v1/offers", body: Array(body.utf8))
+        #expect(response.status == 503 && response.error?.code == "audit_log_unwritable", "\(String(decoding: response.body, as: UTF8.self))")
+        #expect(!String(decoding: response.body, as: UTF8.self).contains("signature_data"))
+        #expect(written.withLock { $0 } == 2, "the third offer is not signed")
+        #expect(try auditLines(daemon).map { $0["offer.id"] as? String } == ["o1", "o2"])
     }
 
     @Test("without audit_log (the default) no signature_issued line is written, even at log_level trace")

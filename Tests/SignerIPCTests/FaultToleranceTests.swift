@@ -204,15 +204,15 @@ struct FaultToleranceTests {
     }
 
     /// A batch that outlasted sign_timeout_ms on a healthy token was told
-    /// "the HSM is busy with other requests" on an idle daemon, or that
-    /// signerd was still reading it after it had made 17 signatures (an
-    /// attack round on the audit log).
+    /// "the HSM is busy with other requests" on an idle daemon (an attack
+    /// round on the audit log).
     @Test("a /v1/offers batch that outlasts sign_timeout_ms on a healthy, idle token: 503 naming the batch and what to do, the token stays up")
     func longBatchTimesOut() throws {
-        let daemon = try InProcessDaemon(signTimeoutMs: 300)
+        let daemon = try InProcessDaemon(signTimeoutMs: 800)
         defer { daemon.stop() }
-        daemon.faults.inject(.sign, .ok, count: nil, delay: 0.03)  // a slow module: 30 ms a signature, 20 offers 600 ms
-        let offers = (1...20).map { #"{"offer_id":"o\#($0)","product_id":"p"}"# }.joined(separator: ",")
+        // A slow module, 40 ms a signature: 40 offers take 1.6 s, and a session comes back every 40 ms.
+        daemon.faults.inject(.sign, .ok, count: nil, delay: 0.04)
+        let offers = (1...40).map { #"{"offer_id":"o\#($0)","product_id":"p"}"# }.joined(separator: ",")
         let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","app_user_id":"u","generate_offers":[\#(offers)]}"#.utf8)
         let response = try SignerClient(socketPath: daemon.socketPath, timeout: 10).send("POST", "/v1/offers", body: body)
         #expect(response.status == 503, "\(String(decoding: response.body, as: UTF8.self))")
