@@ -238,13 +238,22 @@ public final class SignerService: HTTPHandler, Sendable {
             error = APIError(.hsmUnavailable, "the HSM did not answer within sign_timeout_ms; a call hung in the module is written off and its session quarantined")
         } else if path == Route.offers.rawValue {
             // A batch makes one signature per offer, each after a session wait: its time adds up.
-            error = APIError(.hsmUnavailable, "the /v1/offers batch was not answered within sign_timeout_ms: it makes one signature per offer, and the HSM answered the ones made so far; "
-                             + "send fewer offers per request, raise sign_timeout_ms, or retry later (no signature of this request is returned)")
+            return respond(.failure(Self.ranOutBetweenSignaturesError))
         } else {
             error = APIError(.hsmUnavailable, "no PKCS#11 session came free within sign_timeout_ms: the HSM is busy with other requests; retry later, or raise session_pool_size")
         }
         error.retryAfter = 1
         return respond(.failure(error))
+    }
+
+    /// The 503 for a request that had reached the token and whose
+    /// `sign_timeout_ms` ran out before its last signature: a `/v1/offers`
+    /// batch signs its offers one after another, while the HSM answers.
+    static var ranOutBetweenSignaturesError: APIError {
+        var error = APIError(.hsmUnavailable, "sign_timeout_ms ran out before the request's last signature: a /v1/offers batch makes one signature per offer, one after another, "
+                             + "and the HSM answered the ones made so far; send fewer offers per request, raise sign_timeout_ms, or retry later (no signature of this request is returned)")
+        error.retryAfter = 1
+        return error
     }
 
     /// The 503 for a request whose `sign_timeout_ms` ran out before it
@@ -669,7 +678,10 @@ public final class SignerService: HTTPHandler, Sendable {
     /// counts "signing failures answered with an error").
     func apiError(_ error: HSMError, keyID: String, counting: Bool = true) -> APIError {
         // Not an HSM error: the request never reached the token.
-        if error.code == .requestExpired { return Self.stillCheckingError }
+        if error.code == .requestExpired {
+            // Late for its next signature after others were made (a batch), or before it asked the token for anything.
+            return RequestDeadline.progress?.hasReachedToken == true ? Self.ranOutBetweenSignaturesError : Self.stillCheckingError
+        }
         if counting { metrics.countHSMError(error.returnValue?.name ?? error.code.rawValue) }
         switch error.code {
         case .keyNotFound:

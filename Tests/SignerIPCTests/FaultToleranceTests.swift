@@ -204,10 +204,13 @@ struct FaultToleranceTests {
     }
 
     /// A batch that outlasted sign_timeout_ms on a healthy token was told
-    /// "the HSM is busy with other requests" on an idle daemon (an attack
-    /// round on the audit log).
-    @Test("a /v1/offers batch that outlasts sign_timeout_ms on a healthy, idle token: 503 naming the batch and what to do, the token stays up")
-    func longBatchTimesOut() throws {
+    /// "the HSM is busy with other requests" on an idle daemon, or, when
+    /// its own next session checkout answered before the watchdog, that
+    /// signerd was still reading it (an attack round on the audit log; a
+    /// fresh-clone run caught the second).
+    @Test("a /v1/offers batch that outlasts sign_timeout_ms on a healthy, idle token: 503 naming the batch and what to do, the token stays up",
+          arguments: 1...3)
+    func longBatchTimesOut(run: Int) throws {
         let daemon = try InProcessDaemon(signTimeoutMs: 800)
         defer { daemon.stop() }
         // A slow module, 40 ms a signature: 40 offers take 1.6 s, and a session comes back every 40 ms.
@@ -216,7 +219,8 @@ struct FaultToleranceTests {
         let body = Array(#"{"bundle_id":"\#(daemon.bundleID)","app_user_id":"u","generate_offers":[\#(offers)]}"#.utf8)
         let response = try SignerClient(socketPath: daemon.socketPath, timeout: 10).send("POST", "/v1/offers", body: body)
         #expect(response.status == 503, "\(String(decoding: response.body, as: UTF8.self))")
-        #expect(response.error?.message.hasPrefix("the /v1/offers batch was not answered within sign_timeout_ms") == true, "\(response.error?.message ?? "")")
+        // The watchdog's answer at the deadline, or the handler's own when its next session checkout comes first: the same words.
+        #expect(response.error?.message.hasPrefix("sign_timeout_ms ran out before the request's last signature") == true, "\(response.error?.message ?? "")")
         #expect(response.headers["retry-after"] == "1")
         let handlerDone = MonotonicClock.deadline(after: 10)
         while daemon.server.requestsInProgress > 0 && MonotonicClock.now() < handlerDone { usleep(10_000) }
