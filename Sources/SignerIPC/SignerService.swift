@@ -124,9 +124,8 @@ public final class SignerService: HTTPHandler, Sendable {
         token.forgetKey(nil)
         token.expectKeys(Set(new.keys.map(\.keyID)))
         if new.auditLog != old.auditLog {
-            // In the trail itself, whatever log_level hides, and before the
-            // change takes effect: auditing turned off leaves a trace.
-            _ = logger.audit("audit_log_changed", fields: [("audit_log", .bool(new.auditLog)), ("reason", .string("reload"))])
+            // Before the change takes effect: auditing turned off leaves a trace.
+            noteAuditTrail(on: new.auditLog, reason: "reload")
         }
         current.withLock { $0 = new }
         readiness.withLock { $0 = nil }
@@ -739,6 +738,17 @@ public final class SignerService: HTTPHandler, Sendable {
             ("product.id", .string(productID)), ("offer.id", .string(offerID)), ("nonce", .string(answer.nonce)),
             ("timestamp", .int(answer.timestamp)), ("app_account_token.set", .bool(!answer.appAccountToken.isEmpty)),
         ])
+    }
+
+    /// Writes the `audit_log_changed` line into the trail itself, whatever
+    /// `log_level` hides: where the trail begins (signerd's start with
+    /// `audit_log` on, before the HTTP server starts) and each reload that
+    /// turns it on or off, so that auditing turned off leaves a trace.
+    /// - Parameters:
+    ///   - on: the `audit_log` value from now on.
+    ///   - reason: `start` or `reload`.
+    public func noteAuditTrail(on: Bool, reason: String) {
+        _ = logger.audit("audit_log_changed", fields: [("audit_log", .bool(on)), ("reason", .string(reason)), ("pid", .int(Int64(getpid())))])
     }
 
     /// Writes the `audit_log` line `signature_issued` for a signature about

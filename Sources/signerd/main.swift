@@ -322,10 +322,8 @@ func runDaemon() -> Never {
     if configuration.httpThreads != nil {
         logger.warning("config_option_ignored", ["option": "http_threads", "hint": "each connection has its own thread; remove http_threads from the file"])
     }
-    if configuration.auditLog {
-        // The trail says where it begins, whatever log_level hides, before the first signature can come.
-        _ = logger.audit("audit_log_changed", fields: [("audit_log", .bool(true)), ("reason", .string("start")), ("pid", .int(Int64(getpid())))])
-    }
+    // The trail says where it begins, before the first signature can come.
+    if configuration.auditLog { service.noteAuditTrail(on: true, reason: "start") }
     let server = HTTPServer(listenDescriptor: listener, options: serverOptions, handler: service, logger: logger, metrics: metrics)
     do {
         try server.start()

@@ -35,10 +35,8 @@ struct AuditLogTests {
         return try #require(try JSONSerialization.jsonObject(with: Data(response.body)) as? [String: Any])
     }
 
-    func base64urlDecoded(_ text: String) throws -> [UInt8] {
-        var plain = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
-        plain += String(repeating: "=", count: (4 - plain.utf8.count % 4) % 4)
-        return try base64(plain)
+    func base64url(_ text: String) throws -> [UInt8] {
+        try #require(base64urlDecoded(text), "base64url: \(text)")
     }
 
     /// Verifies a compact JWS with OpenSSL against the daemon's public key
@@ -46,9 +44,9 @@ struct AuditLogTests {
     func verifiedClaims(_ jws: String, _ daemon: InProcessDaemon) throws -> [String: Any] {
         let parts = jws.split(separator: ".", omittingEmptySubsequences: false).map(String.init)
         try #require(parts.count == 3, "\(jws)")
-        let der = try ECDSASignature.der(fromRaw: try base64urlDecoded(parts[2]), curve: .p256)
+        let der = try ECDSASignature.der(fromRaw: try base64url(parts[2]), curve: .p256)
         #expect(try opensslVerifies(publicKeyPEM: daemon.publicKey.pem, derSignature: der, message: Array("\(parts[0]).\(parts[1])".utf8)))
-        return try #require(try JSONSerialization.jsonObject(with: Data(try base64urlDecoded(parts[1]))) as? [String: Any])
+        return try #require(try JSONSerialization.jsonObject(with: Data(try base64url(parts[1]))) as? [String: Any])
     }
 
     @Test("with audit_log, each signature of every endpoint gets one notice line naming the caller and what was signed, even at log_level warning")
@@ -119,7 +117,7 @@ struct AuditLogTests {
         #expect(lines[0]["timestamp"] as? Int64 == classicTimestamp)
         #expect(lines[0]["app_account_token.set"] as? Bool == true)
         #expect(lines[0]["signature.sha256"] as? String == SHA256.hash(classicDER).hexString)
-        let bearerSignature = try base64urlDecoded(String(try value(bearer, "token", as: String.self).split(separator: ".")[2]))
+        let bearerSignature = try base64url(String(try value(bearer, "token", as: String.self).split(separator: ".")[2]))
         #expect(lines[6]["signature.sha256"] as? String == SHA256.hash(bearerSignature).hexString)
         #expect(Set(lines.compactMap { $0["signature.sha256"] as? String }).count == 7, "every line names its own signature")
         #expect(lines[1]["offer.id"] as? String == "o1" && lines[2]["offer.id"] as? String == "o2")

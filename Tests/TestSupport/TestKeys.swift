@@ -85,3 +85,14 @@ public func opensslVerifies(publicKeyPEM: String, derSignature: [UInt8], message
         return false
     }
 }
+
+/// Decodes base64url without padding (RFC 4648 §5, as in a compact JWS,
+/// RFC 7515 §2) by hand, independently of HSMSigner's encoder.
+/// - Parameter text: the base64url text.
+/// - Returns: the bytes; nil when `text` is not base64url.
+public func base64urlDecoded(_ text: String) -> [UInt8]? {
+    var standard = text.replacingOccurrences(of: "-", with: "+").replacingOccurrences(of: "_", with: "/")
+    standard += String(repeating: "=", count: (4 - standard.utf8.count % 4) % 4)
+    return Data(base64Encoded: standard).map(Array.init)
+}
+
