@@ -47,11 +47,20 @@ public struct BenchmarkReport: Codable, Sendable {
     /// proc(5) `utime` + `stime`, whose resolution is one clock tick (10 ms
     /// on Linux), so a run should last seconds, not milliseconds.
     public var cpuMicrosecondsPerRequest: [String: Double]?
+    /// The process whose RSS, descriptors and CPU time the report gives
+    /// (socket mode): the socket's peer (`SO_PEERCRED`), or under socket
+    /// activation, where the peer is the listener (systemd), its one
+    /// `signerd` child. Nil in direct mode and when no signerd was found.
+    public var daemonPID: Int32?
+    /// Why the daemon's RSS, descriptors and CPU time are missing (socket
+    /// mode), when they are: the socket's listener is not signerd and no
+    /// single signerd child of it was found.
+    public var daemonNotMeasured: String?
 
     enum CodingKeys: String, CodingKey {
         case mode, endpoint, concurrency, requests, durationSeconds = "duration_s", throughput = "throughput_rps"
         case latencyMs = "latency_ms", errorLatencyMs = "error_latency_ms", errors, verified, rssKiB = "rss_kib", openFDs = "open_fds"
-        case cpuMicrosecondsPerRequest = "cpu_us_per_request"
+        case cpuMicrosecondsPerRequest = "cpu_us_per_request", daemonPID = "daemon_pid", daemonNotMeasured = "daemon_not_measured"
     }
 
     /// Total errors.
@@ -190,6 +199,36 @@ public enum ProcessStatistics {
         return micros(usage.ru_utime) + micros(usage.ru_stime)
     }
 
+    /// The command name of `pid` (`/proc/PID/comm`: the executable's name,
+    /// at most 15 bytes), or nil when unreadable.
+    public static func commandName(_ pid: Int32) -> String? {
+        (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8))?.trimmingCharacters(in: .newlines)
+    }
+
+    /// The parent process ID of `pid` (field 4 of proc(5) `/proc/PID/stat`), or nil.
+    public static func parentPID(_ pid: Int32) -> Int32? {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let commandEnd = stat.lastIndex(of: ")") else { return nil }
+        let fields = stat[stat.index(after: commandEnd)...].split(separator: " ")
+        return fields.count > 1 ? Int32(fields[1]) : nil
+    }
+
+    /// The signerd process behind a socket whose peer (`SO_PEERCRED`: the
+    /// process that called listen(2)) is `peer`: the peer itself when its
+    /// command name is `signerd`; under socket activation (sd_listen_fds(3),
+    /// where systemd or another listener passes the socket to signerd), the
+    /// one child of the peer named `signerd`.
+    /// - Returns: the process ID, or nil when the peer is not signerd and
+    ///   it has no child, or more than one, named `signerd`.
+    public static func daemonProcess(peer: Int32) -> Int32? {
+        if commandName(peer) == "signerd" { return peer }
+        let children = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry -> Int32? in
+            guard let pid = Int32(entry), parentPID(pid) == peer, commandName(pid) == "signerd" else { return nil }
+            return pid
+        }
+        return children.count == 1 ? children[0] : nil
+    }
+
     /// CPU microseconds per request between two readings; nil without both or with no requests.
     static func perRequest(_ before: UInt64?, _ after: UInt64?, requests: Int) -> Double? {
         guard let before, let after, after >= before, requests > 0 else { return nil }
@@ -256,7 +295,14 @@ public struct LoadGenerator: Sendable {
             throw BenchmarkError("GET /v1/keys was refused", response: listing)
         }
         let keys = try listing.decode(KeysResponse.self).keys
-        guard let key = keys.first(where: { keyID == nil || $0.keyID == keyID }) else {
+        // Without --key-id: a key that serves --bundle-id, and one the token
+        // holds (listed with its public key) before one it does not. A
+        // --bundle-id that no key serves is still sent, so that the daemon's
+        // refusal (403 bundle_not_allowed) can be loaded and counted.
+        let named = keys.filter { keyID == nil || $0.keyID == keyID }
+        let serving = named.filter { listed in bundleID.map { listed.bundleIDs.contains($0) } ?? true }
+        let candidates = serving.isEmpty ? named : serving
+        guard let key = candidates.first(where: { $0.publicKeyPEM != nil }) ?? candidates.first else {
             throw BenchmarkError("no configured key\(keyID.map { " \($0)" } ?? "") is listed by /v1/keys")
         }
         guard let bundle = bundleID ?? key.bundleIDs.first else {
@@ -270,10 +316,27 @@ public struct LoadGenerator: Sendable {
         if verify && publicKeys[key.keyID] == nil {
             throw BenchmarkError("key \(key.keyID) has no public key on the token; cannot --verify")
         }
-        let daemonPID = probe.peer?.pid
+        let listenerPID = probe.peer?.pid
+        let daemonPID = listenerPID.flatMap(ProcessStatistics.daemonProcess)
         let rssBefore = daemonPID.flatMap(ProcessStatistics.residentKiB)
-        let fdsBefore = daemonPID.flatMap(ProcessStatistics.openDescriptors)
+        let fdsWithProbe = daemonPID.flatMap(ProcessStatistics.openDescriptors)
         probe.close()
+        // The probe's connection held descriptors in the daemon (two, with
+        // libmicrohttpd): read "before" once the daemon closed its side, so
+        // that "after" (no connection of this run left) is compared with the
+        // same state, and a leaked descriptor shows.
+        var fdsBefore = fdsWithProbe
+        if let daemonPID, let withProbe = fdsWithProbe {
+            for _ in 0..<50 {
+                fdsBefore = ProcessStatistics.openDescriptors(daemonPID)
+                if let now = fdsBefore, now < withProbe { break }
+                usleep(10_000)
+            }
+        }
+        var notMeasured: String?
+        if let listenerPID, daemonPID == nil {
+            notMeasured = "the socket's listener (pid \(listenerPID), \(ProcessStatistics.commandName(listenerPID) ?? "unknown")) is not signerd, and no single signerd child of it was found"
+        }
 
         let (path, requestBody) = request(bundle: bundle, keyID: key.keyID)
         let clock = BenchmarkClock(length)
@@ -318,7 +381,7 @@ public struct LoadGenerator: Sendable {
                                durationSeconds: elapsed, throughput: Double(latencies.count) / elapsed,
                                latencyMs: LatencyStatistics.summarize(latencies),
                                errorLatencyMs: LatencyStatistics.summarize(errorLatencies), errors: errors, verified: verify,
-                               rssKiB: rss, openFDs: fds, cpuMicrosecondsPerRequest: cpu)
+                               rssKiB: rss, openFDs: fds, cpuMicrosecondsPerRequest: cpu, daemonPID: daemonPID, daemonNotMeasured: notMeasured)
     }
 
     private func request(bundle: String, keyID: String) -> (String, [UInt8]?) {

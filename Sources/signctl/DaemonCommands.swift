@@ -408,19 +408,45 @@ func signJWSCommand(kind: String, _ words: [String], configPath: String) throws 
     return .success
 }
 
+/// Makes sure this process may open the descriptors a bench run needs
+/// (getrlimit(2) `RLIMIT_NOFILE`): one per connection, or in direct mode
+/// up to three per thread (its session's token files while SoftHSM signs),
+/// and 64 more for signctl itself. A soft limit below that is raised
+/// toward the hard limit (setrlimit(2)); without that, connections would
+/// fail with `EMFILE` and be counted as the daemon's socket errors.
+/// - Throws: ``UsageError`` (exit 64) naming both limits when even the
+///   hard limit is too low.
+func reserveDescriptors(forConcurrency concurrency: Int, direct: Bool) throws {
+    let needed = rlim_t(concurrency * (direct ? 3 : 1) + 64)
+    var limit = rlimit()
+    guard getrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_cur < needed else { return }
+    if limit.rlim_max >= needed {
+        var raised = limit
+        raised.rlim_cur = needed
+        if setrlimit(__rlimit_resource_t(RLIMIT_NOFILE.rawValue), &raised) == 0 { return }
+    }
+    throw UsageError("--concurrency \(concurrency) needs about \(needed) open descriptors in signctl, and this process may open \(limit.rlim_cur) "
+                     + "(hard limit \(limit.rlim_max == rlim_t.max ? "unlimited" : String(limit.rlim_max)))",
+                     hint: "raise the limit (ulimit -n \(needed), or LimitNOFILE= for a service), or lower --concurrency")
+}
+
 func bench(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: ["concurrency", "duration", "requests", "endpoint", "key-id", "bundle-id"], flags: ["direct", "verify", "json"])
     if arguments.flag("help") {
         print("""
-        usage: signctl bench [--concurrency N] [--duration S | --requests N] [--endpoint E] [--verify] [--json]
+        usage: signctl bench [--concurrency N] [--duration S | --requests N] [--endpoint E] [--key-id K] [--bundle-id B] [--verify] [--json]
                signctl bench --direct [--concurrency N] [--duration S | --requests N] [--key-id K] [--verify] [--json]
 
         Closed-loop load over signerd's socket: N keep-alive connections, each sending the next request when
         the previous answer arrived. Every response counts as an error unless it is a 200 with a well-formed
         signature; --verify also checks each signature with the public key (off by default, so the client
-        does not become the bottleneck). Reports requests/s, latency p50/p90/p99/p99.9/max, errors by code,
-        the daemon's RSS and open descriptors before and after (from /proc), and the CPU time per request
-        of signctl and of signerd (getrusage, /proc/PID/stat).
+        does not become the bottleneck). Reports successful requests/s, latency p50/p90/p99/p99.9/max, errors
+        by code, the daemon's RSS and open descriptors before and after (from /proc), and the CPU time per
+        request of signctl and of signerd (getrusage, /proc/PID/stat). The daemon is the socket's peer, or
+        under socket activation the listener's one signerd child (daemon_pid in --json). Without --key-id
+        the first listed key that serves --bundle-id (default: that key's first bundle ID) and is on the token;
+        a --bundle-id that no key serves is sent with the first key, so that the daemon's refusal is loaded.
+        signctl raises its own descriptor limit (RLIMIT_NOFILE) to what N connections need, or refuses (64).
 
         --direct is the baseline: the same SHA-256 + C_SignInit/C_Sign loop through the PKCS#11 module in
         this process (token_uri from the config), N threads with one session each, no socket.
@@ -456,6 +482,10 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         throw UsageError("--key-id does not apply to --endpoint \(endpoint), whose requests name no key",
                          hint: endpoint == LoadGenerator.Endpoint.offers.rawValue ? "signerd chooses the bundle's key for /v1/offers: leave out --key-id, or give the bundle's default_key_id in the configuration" : "leave out --key-id")
     }
+    if arguments.options["endpoint"] == LoadGenerator.Endpoint.healthz.rawValue, arguments.flag("verify") {
+        throw UsageError("--verify does not apply to --endpoint healthz, whose answers carry no signature", hint: "leave out --verify")
+    }
+    try reserveDescriptors(forConcurrency: concurrency, direct: arguments.flag("direct"))
     if let keyID = arguments.options["key-id"], !KeyID.isValid(keyID) {
         throw UsageError("--key-id must be 10 characters A-Z0-9, as App Store Connect shows it; got \(keyID)")
     }
@@ -488,7 +518,7 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
     } else {
         func ms(_ key: String, _ latency: [String: Double] = report.latencyMs) -> String { String(format: "%.3f", latency[key] ?? 0) }
         print("\(report.mode) \(report.endpoint): \(report.concurrency) \(report.mode == "direct" ? "threads" : "connections"), \(report.requests) requests in \(String(format: "%.2f", report.durationSeconds)) s")
-        print(String(format: "throughput: %.0f requests/s", report.throughput))
+        print(String(format: "throughput: %.0f successful requests/s", report.throughput))
         print("latency ms: p50 \(ms("p50"))  p90 \(ms("p90"))  p99 \(ms("p99"))  p99.9 \(ms("p99.9"))  max \(ms("max"))  mean \(ms("mean"))")
         print("errors: \(report.errorCount == 0 ? "none" : report.errors.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
         if !report.errorLatencyMs.isEmpty {
@@ -501,6 +531,8 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
             let note = fds["before"] == nil ? " (/proc/PID/fd of signerd, which is not dumpable, can be listed only by root)" : ""
             print("daemon open descriptors: before \(shown(fds["before"])), after \(shown(fds["after"]))\(note)")
         }
+        if let pid = report.daemonPID { print("daemon: pid \(pid)") }
+        if let why = report.daemonNotMeasured { print("daemon RSS, descriptors and CPU not read: \(why)") }
         if let cpu = report.cpuMicrosecondsPerRequest, !cpu.isEmpty {
             print("CPU µs per request: " + cpu.sorted { $0.key < $1.key }.map { "\($0.key) " + String(format: "%.1f", $0.value) }.joined(separator: ", "))
         }

@@ -301,7 +301,7 @@ func runReporting(_ words: [String]) -> Int32 {
     let reported = caught ?? ("unknown failure", nil, .software, "internal")
     writeError(reported.message, hint: reported.hint)
     // A script that asked for --json reads one JSON object on stdout either way.
-    if words.contains("--json") {
+    if words.prefix(while: { $0 != "--" }).contains("--json") {
         printJSON(["error": JSONFailure(code: reported.errorCode, message: reported.message, hint: reported.hint, exitCode: reported.code.rawValue)])
     }
     return reported.code.rawValue

@@ -99,6 +99,91 @@ struct BenchSmokeTests {
         #expect(run.stderr.contains("error: no request completed in"), "\(run.stderr)")
     }
 
+    @Test("--bundle-id without --key-id loads the key that serves that bundle ID, not the first one listed")
+    func bundleIDChoosesItsKey() throws {
+        let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "XYZ987WVUT"])
+        try daemon.writeConfig(["keys": [["key_id": "ABC123DEFG", "bundle_ids": ["com.example.app"]], ["key_id": "XYZ987WVUT", "bundle_ids": ["com.example.two"]]]])
+        try daemon.start()
+        defer { daemon.stop() }
+        // Before, the first listed key (ABC123DEFG) was sent with com.example.two: 403 bundle_not_allowed for every request.
+        let output = try daemon.signctl(["bench", "--bundle-id", "com.example.two", "--requests", "40", "--verify", "--json"])
+        let report = try JSONDecoder().decode(BenchmarkReport.self, from: Data(output.utf8))
+        #expect(report.errors.isEmpty, "\(report.errors)")
+        #expect(report.requests == 40)
+    }
+
+    @Test("the daemon's descriptors before a run are read with bench's own probe connection closed, so a leak of one shows")
+    func descriptorsBeforeAreIdle() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let pid = try #require(daemon.process?.processIdentifier)
+        // Idle: the harness's readiness probe has been closed by the daemon too.
+        var idle = 0
+        _ = poll(seconds: 5) {
+            let first = ProcessStatistics.openDescriptors(pid) ?? -1
+            usleep(200_000)
+            idle = ProcessStatistics.openDescriptors(pid) ?? -2
+            return first == idle
+        }
+        let output = try daemon.signctl(["bench", "--concurrency", "2", "--requests", "200", "--json"])
+        let report = try JSONDecoder().decode(BenchmarkReport.self, from: Data(output.utf8))
+        // Before, "before" counted the probe connection (two descriptors in
+        // the daemon) and a run showed 9 → 7: a leak of two still passed.
+        #expect(report.openFDs?["before"] == idle, "\(String(describing: report.openFDs)), idle \(idle)")
+        #expect(report.openFDs?["after"] == idle, "\(String(describing: report.openFDs)), idle \(idle)")
+        #expect(report.daemonPID == pid)
+    }
+
+    /// A listener that does what systemd does for a socket unit: binds and
+    /// listens, then starts signerd with the socket as descriptor 3
+    /// (`LISTEN_FDS`, `LISTEN_PID`: sd_listen_fds(3)) and stays its parent,
+    /// passing on SIGTERM, SIGINT and SIGHUP, which the test runner starts
+    /// it with blocked.
+    static let socketActivationLauncher = """
+        import os, signal, socket, sys
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listener.bind(sys.argv[1])
+        listener.listen(64)
+        child = os.fork()
+        if child == 0:
+            os.dup2(listener.fileno(), 3)
+            os.set_inheritable(3, True)
+            os.environ["LISTEN_PID"] = str(os.getpid())
+            os.environ["LISTEN_FDS"] = "1"
+            os.execv(sys.argv[2], sys.argv[2:])
+        forwarded = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+        for number in forwarded:
+            signal.signal(number, lambda received, frame: os.kill(child, received))
+        # Started with them blocked (signerd, exec'd above, keeps the mask it expects).
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, forwarded)
+        while True:
+            try:
+                _, status = os.waitpid(child, 0)
+                sys.exit(os.waitstatus_to_exitcode(status))
+            except InterruptedError:
+                continue
+        """
+
+    @Test("under socket activation bench reads signerd's RSS, descriptors and CPU, not the listener's (the socket's SO_PEERCRED peer)")
+    func socketActivatedDaemon() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start(launcher: ["env", "python3", "-c", Self.socketActivationLauncher, daemon.socketPath])
+        defer { daemon.stop() }
+        #expect(!daemon.logged { $0.contains("\"socket.activated\":true") }.isEmpty, "\(daemon.log)")
+        let listener = try #require(daemon.process?.processIdentifier)
+        let output = try daemon.signctl(["bench", "--concurrency", "2", "--requests", "200", "--json"])
+        let report = try JSONDecoder().decode(BenchmarkReport.self, from: Data(output.utf8))
+        #expect(report.errors.isEmpty, "\(report.errors)")
+        let measured = try #require(report.daemonPID, "\(report.daemonNotMeasured ?? "")")
+        // Before, the listener (here python3; systemd under a socket unit) was measured.
+        #expect(measured != listener)
+        #expect(ProcessStatistics.commandName(measured) == "signerd")
+        #expect(ProcessStatistics.parentPID(measured) == listener)
+        #expect((report.rssKiB?["after"] ?? 0) > 0)
+        #expect((report.cpuMicrosecondsPerRequest?["signerd"] ?? 0) > 0, "signerd's CPU, not the idle listener's")
+    }
+
     @Test("the direct baseline runs clean")
     func direct() throws {
         let daemon = try DaemonHarness()

@@ -345,12 +345,31 @@ struct SignctlCosmeticsTests {
         (["bench", "--duration", "1e-9"], "got 1e-9"),
         // A batch names no key: --key-id was accepted and ignored.
         (["bench", "--endpoint", "offers", "--key-id", "ABC123DEFG"], "--key-id does not apply to --endpoint offers"),
+        // /healthz carries no signature: --verify was accepted and reported "verified": true.
+        (["bench", "--endpoint", "healthz", "--verify"], "--verify does not apply to --endpoint healthz"),
     ])
     func benchUsage(_ arguments: [String], _ expected: String) throws {
         // No configuration exists: each must be refused before it is read.
         let result = runSignctl(["--config", "/nonexistent/signerd.json"] + arguments)
         #expect(result.status == 64, "\(result.stderr)")
         #expect(result.stderr.contains(expected), "\(result.stderr)")
+    }
+
+    @Test("a --json behind -- is a positional: refused, and no JSON error object on stdout")
+    func jsonAfterSeparator() throws {
+        let result = runSignctl(["--config", "/nonexistent/signerd.json", "bench", "--requests", "5", "--", "--json"])
+        #expect(result.status == 64, "\(result.stderr)")
+        #expect(result.stderr.contains("unexpected argument --json"), "\(result.stderr)")
+        #expect(result.stdout.isEmpty, "\(result.stdout)")
+    }
+
+    @Test("bench checks its descriptor limit first: refused (64) naming both limits when the hard limit is too low")
+    func benchDescriptorLimit() throws {
+        // 500 connections under a hard limit of 128: before, each connection
+        // that got EMFILE was counted as the daemon's `socket` error (exit 69).
+        let result = runProgram("/usr/bin/prlimit", ["--nofile=128:128", Binaries.signctl, "--config", "/nonexistent/signerd.json", "bench", "--concurrency", "500"])
+        #expect(result.status == 64, "\(result.stderr)")
+        #expect(result.stderr.contains("--concurrency 500 needs about 564 open descriptors in signctl, and this process may open 128 (hard limit 128)"), "\(result.stderr)")
     }
 
     /// Four imports at once: one succeeded, the others failed with
