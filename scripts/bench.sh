@@ -31,17 +31,29 @@ duration=${BENCH_DURATION:-10}
 rounds=${BENCH_ROUNDS:-3}
 soak=${BENCH_SOAK:-1000000}
 output=$repo/docs/BENCHMARKS.md
+usage_error() { echo "error: $1" >&2; exit 64; }
 while [ $# -gt 0 ]; do
   case $1 in
-    --duration) duration=$2; shift 2 ;;
-    --soak) soak=$2; shift 2 ;;
-    --rounds) rounds=$2; shift 2 ;;
-    --output) output=$2; shift 2 ;;
+    --duration|--soak|--rounds|--output)
+      [ $# -ge 2 ] || usage_error "$1 needs a value"
+      case $1 in --duration) duration=$2 ;; --soak) soak=$2 ;; --rounds) rounds=$2 ;; --output) output=$2 ;; esac
+      shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-    *) echo "error: unknown argument $1" >&2; exit 64 ;;
+    *) usage_error "unknown argument $1" ;;
   esac
 done
-case $rounds in ''|*[!0-9]*|0) echo "error: --rounds must be a whole number, 1 or more" >&2; exit 64 ;; esac
+# Checked here, not when the first run (or, for --soak and --output, the
+# last step, minutes later) would refuse them: the limits signctl bench takes.
+case $rounds in ''|*[!0-9]*|0) usage_error "--rounds must be a whole number, 1 or more; got $rounds" ;; esac
+case $soak in ''|*[!0-9]*|0*) usage_error "--soak must be a whole number of requests, 1 to 100000000; got $soak" ;; esac
+[ "${#soak}" -le 9 ] && [ "$soak" -le 100000000 ] || usage_error "--soak must be a whole number of requests, 1 to 100000000; got $soak"
+case $duration in
+  ''|*[!0-9.]*|*.*.*|.) usage_error "--duration must be seconds (decimal), more than 0 and at most 86400; got $duration" ;;
+esac
+awk -v d="$duration" 'BEGIN { exit !(d + 0 > 0 && d + 0 <= 86400) }' || usage_error "--duration must be seconds (decimal), more than 0 and at most 86400; got $duration"
+output_dir=$(dirname "$output")
+[ -d "$output_dir" ] && [ -w "$output_dir" ] || usage_error "--output $output: the directory $output_dir does not exist or is not writable"
+[ ! -e "$output" ] || [ -w "$output" ] || usage_error "--output $output is not writable"
 
 echo "==> building release binaries" >&2
 (cd "$repo" && swift build -c release --product signerd >&2 && swift build -c release --product signctl >&2)
@@ -51,16 +63,25 @@ export SIGNCTL=$bin/signctl
 work=$(mktemp -d /tmp/signerd-bench-XXXXXX)
 daemon_pid=""
 p11kit_pid=""
+client_pid=""
 cleanup() {
   # Runs on every exit, errors and signals included; a server that already
   # died must not stop it before the throw-away token (its PIN, the .p8) is removed.
   set +e
+  # The client first: a signctl bench left running would go on for its
+  # --requests against a socket that is gone (a million failed connects).
+  [ -n "$client_pid" ] && kill "$client_pid" 2>/dev/null && wait "$client_pid" 2>/dev/null
   [ -n "$daemon_pid" ] && kill "$daemon_pid" 2>/dev/null && wait "$daemon_pid" 2>/dev/null
   [ -n "$p11kit_pid" ] && kill "$p11kit_pid" 2>/dev/null
   [ -n "${floor_pid:-}" ] && kill "$floor_pid" 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
+# A signal ends the script through exit, so that cleanup runs; signctl bench
+# runs in the background under `wait`, which a signal interrupts at once.
+trap 'exit 129' HUP
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 echo "==> throw-away SoftHSM token in $work" >&2
 token_uri=$("$repo/scripts/softhsm-setup.sh" "$work/hsm" --label bench)
@@ -137,7 +158,10 @@ run() {  # name, config, signctl bench arguments…
   # The machine's CPU counters around the run (proc(5), the "cpu" line of /proc/stat): the
   # report derives from them how much of the run's time the hypervisor gave to other guests.
   grep -m1 '^cpu ' /proc/stat > "$results/$name.cpu"
-  "$bin/signctl" --config "$config" bench --json "$@" > "$results/$name.json" || status=$?
+  "$bin/signctl" --config "$config" bench --json "$@" > "$results/$name.json" &
+  client_pid=$!
+  wait "$client_pid" || status=$?
+  client_pid=""
   grep -m1 '^cpu ' /proc/stat >> "$results/$name.cpu"
   if [ "$status" != 0 ]; then
     # signctl bench --json reports on stdout: show what it counted, and the servers' last words.
@@ -205,6 +229,10 @@ machine_cores=$(nproc)
 machine_mem=$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)
 versions="swift $(swift --version 2>/dev/null | head -1 | sed -E 's/.*version ([^ ]+).*/\1/'), SoftHSM $(dpkg-query -W -f='${Version}' softhsm2), p11-kit $(dpkg-query -W -f='${Version}' p11-kit), OpenSSL $(dpkg-query -W -f='${Version}' libssl3), libmicrohttpd $(dpkg-query -W -f='${Version}' libmicrohttpd12), kernel $(uname -r)"
 commit=$(cd "$repo" && git rev-parse --short HEAD 2>/dev/null || echo unknown)
+# Changes not committed (docs/BENCHMARKS.md aside, which this script writes) are named.
+if [ "$commit" != unknown ] && [ -n "$(cd "$repo" && git status --porcelain --untracked-files=no -- . ':(exclude)docs/BENCHMARKS.md')" ]; then
+  commit="$commit with uncommitted changes"
+fi
 
 python3 - "$results" "$output" "$machine_cpu" "$machine_cores" "$machine_mem" "$versions" "$duration" "$soak" "$commit" "$rounds" <<'PY'
 import json, os, sys, datetime, statistics
@@ -233,7 +261,9 @@ def median_round(kind):
     """The round whose throughput is the median (the lower middle one for an even count)."""
     keys = sorted(per_round(kind), key=rps)
     return keys[(len(keys) - 1) // 2]
-base = statistics.median(rps(k) for k in per_round("direct-c8"))
+# Every "median" here is a run or a round's ratio, never the mean of two: for
+# an even count, the lower of the two middle ones (statistics.median_low).
+base = rps(median_round("direct-c8"))
 def row(label, key):
     x = r[key]; l = x["latency_ms"]
     errors = sum(x["errors"].values())
@@ -249,7 +279,8 @@ lines.append("Versions: %s." % versions)
 lines.append("")
 lines.append("Command: `scripts/bench.sh --duration %s --rounds %d --soak %s` (client and daemon on the same machine; every run %s s, closed loop, keep-alive connections)." % (duration, rounds, soak, duration))
 lines.append("")
-lines.append("Rows at concurrency 8 are the median of %d interleaved rounds; × baseline is against the median direct run (%.0f signatures/s)." % (rounds, base))
+lines.append("Rows at concurrency 8 are the median of %d interleaved rounds%s; × baseline is against the median direct run (%.0f signatures/s)."
+             % (rounds, " (of an even count, the lower of the two middle ones)" if rounds % 2 == 0 else "", base))
 lines.append("")
 # Steal time: on a virtual machine the host may run other guests on these cores; a run that lost
 # much of its time that way measures the neighbours as well as the servers.
@@ -307,7 +338,7 @@ for n in range(1, rounds + 1):
         lines.append("| %d | (CPU time not readable) | | | | |" % n); continue
     lines.append("| %d | %.0f | %.0f + %.0f | %.0f + %.0f | %.0f + %.0f | %.2f |" % (n, d, od, oc, vd, vc, ps, p, d / (d + oc)))
 lines.append("")
-def med(key): return statistics.median(x[key] for x in rows)
+def med(key): return statistics.median_low(x[key] for x in rows)
 def held(test): return "%d of %d rounds" % (sum(1 for x in rows if test(x)), rounds)
 def rss_after(key): return (r[key].get("rss_kib") or {}).get("after", float("nan"))
 rss128 = max(rss_after("signerd-verify-off-c128"), rss_after("signerd-verify-on-c128")) / 1024
