@@ -50,11 +50,12 @@ public struct BenchmarkReport: Codable, Sendable {
     /// The process whose RSS, descriptors and CPU time the report gives
     /// (socket mode): the socket's peer (`SO_PEERCRED`), or under socket
     /// activation, where the peer is the listener (systemd), its one
-    /// `signerd` child. Nil in direct mode and when no signerd was found.
+    /// `signerd` child. Nil in direct mode and when the listener has
+    /// several.
     public var daemonPID: Int32?
     /// Why the daemon's RSS, descriptors and CPU time are missing (socket
-    /// mode), when they are: the socket's listener is not signerd and no
-    /// single signerd child of it was found.
+    /// mode), when they are: the socket's listener is not signerd and has
+    /// more than one signerd child.
     public var daemonNotMeasured: String?
 
     enum CodingKeys: String, CodingKey {
@@ -213,20 +214,25 @@ public enum ProcessStatistics {
         return fields.count > 1 ? Int32(fields[1]) : nil
     }
 
-    /// The signerd process behind a socket whose peer (`SO_PEERCRED`: the
+    /// The server process behind a socket whose peer (`SO_PEERCRED`: the
     /// process that called listen(2)) is `peer`: the peer itself when its
-    /// command name is `signerd`; under socket activation (sd_listen_fds(3),
-    /// where systemd or another listener passes the socket to signerd), the
-    /// one child of the peer named `signerd`.
-    /// - Returns: the process ID, or nil when the peer is not signerd and
-    ///   it has no child, or more than one, named `signerd`.
+    /// command name is `signerd` or when it has no child of that name (a
+    /// server that is not signerd, such as scripts/mhd-sign-floor.c); under
+    /// socket activation (sd_listen_fds(3), where systemd or another
+    /// listener passes the socket to signerd), its one child named `signerd`.
+    /// - Returns: the process ID, or nil when the peer has more than one
+    ///   child named `signerd` and which one serves cannot be told.
     public static func daemonProcess(peer: Int32) -> Int32? {
         if commandName(peer) == "signerd" { return peer }
         let children = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry -> Int32? in
             guard let pid = Int32(entry), parentPID(pid) == peer, commandName(pid) == "signerd" else { return nil }
             return pid
         }
-        return children.count == 1 ? children[0] : nil
+        switch children.count {
+        case 0: return peer
+        case 1: return children[0]
+        default: return nil
+        }
     }
 
     /// CPU microseconds per request between two readings; nil without both or with no requests.
@@ -335,7 +341,7 @@ public struct LoadGenerator: Sendable {
         }
         var notMeasured: String?
         if let listenerPID, daemonPID == nil {
-            notMeasured = "the socket's listener (pid \(listenerPID), \(ProcessStatistics.commandName(listenerPID) ?? "unknown")) is not signerd, and no single signerd child of it was found"
+            notMeasured = "the socket's listener (pid \(listenerPID), \(ProcessStatistics.commandName(listenerPID) ?? "unknown")) is not signerd, and it has more than one signerd child"
         }
 
         let (path, requestBody) = request(bundle: bundle, keyID: key.keyID)

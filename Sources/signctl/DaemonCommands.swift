@@ -531,7 +531,7 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
             let note = fds["before"] == nil ? " (/proc/PID/fd of signerd, which is not dumpable, can be listed only by root)" : ""
             print("daemon open descriptors: before \(shown(fds["before"])), after \(shown(fds["after"]))\(note)")
         }
-        if let pid = report.daemonPID { print("daemon: pid \(pid)") }
+        if let pid = report.daemonPID { print("daemon: pid \(pid) (\(ProcessStatistics.commandName(pid) ?? "exited"))") }
         if let why = report.daemonNotMeasured { print("daemon RSS, descriptors and CPU not read: \(why)") }
         if let cpu = report.cpuMicrosecondsPerRequest, !cpu.isEmpty {
             print("CPU µs per request: " + cpu.sorted { $0.key < $1.key }.map { "\($0.key) " + String(format: "%.1f", $0.value) }.joined(separator: ", "))
