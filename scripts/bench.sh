@@ -45,12 +45,13 @@ done
 # Checked here, not when the first run (or, for --soak and --output, the
 # last step, minutes later) would refuse them: the limits signctl bench takes.
 case $rounds in ''|*[!0-9]*|0) usage_error "--rounds must be a whole number, 1 or more; got $rounds" ;; esac
-case $soak in ''|*[!0-9]*|0*) usage_error "--soak must be a whole number of requests, 1 to 100000000; got $soak" ;; esac
-[ "${#soak}" -le 9 ] && [ "$soak" -le 100000000 ] || usage_error "--soak must be a whole number of requests, 1 to 100000000; got $soak"
-case $duration in
-  ''|*[!0-9.]*|*.*.*|.) usage_error "--duration must be seconds (decimal), more than 0 and at most 86400; got $duration" ;;
-esac
-awk -v d="$duration" 'BEGIN { exit !(d + 0 > 0 && d + 0 <= 86400) }' || usage_error "--duration must be seconds (decimal), more than 0 and at most 86400; got $duration"
+soak_valid() { case $soak in ''|*[!0-9]*|0*) return 1 ;; esac; [ "${#soak}" -le 9 ] && [ "$soak" -le 100000000 ]; }
+duration_valid() {
+  case $duration in ''|*[!0-9.]*|*.*.*|.) return 1 ;; esac
+  awk -v d="$duration" 'BEGIN { exit !(d + 0 > 0 && d + 0 <= 86400) }'
+}
+soak_valid || usage_error "--soak must be a whole number of requests, 1 to 100000000; got $soak"
+duration_valid || usage_error "--duration must be seconds (decimal), more than 0 and at most 86400; got $duration"
 output_dir=$(dirname "$output")
 [ -d "$output_dir" ] && [ -w "$output_dir" ] || usage_error "--output $output: the directory $output_dir does not exist or is not writable"
 [ ! -e "$output" ] || [ -w "$output" ] || usage_error "--output $output is not writable"

@@ -182,12 +182,8 @@ public enum ProcessStatistics {
     /// microseconds, from fields 14 and 15 (`utime`, `stime`, in clock ticks)
     /// of proc(5) `/proc/PID/stat`; nil when unreadable.
     public static func cpuMicroseconds(_ pid: Int32) -> UInt64? {
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-              let commandEnd = stat.lastIndex(of: ")") else { return nil }
-        // Field 2 (the command) may hold spaces and parentheses: count fields after its last ")".
-        // What follows is field 3 onwards, so utime and stime are at offsets 11 and 12.
-        let fields = stat[stat.index(after: commandEnd)...].split(separator: " ")
-        guard fields.count > 12, let user = UInt64(fields[11]), let system = UInt64(fields[12]) else { return nil }
+        // utime and stime are fields 14 and 15.
+        guard let fields = statFields(pid), fields.count > 12, let user = UInt64(fields[11]), let system = UInt64(fields[12]) else { return nil }
         return (user + system) * 1_000_000 / UInt64(max(1, sysconf(Int32(_SC_CLK_TCK))))
     }
 
@@ -208,10 +204,17 @@ public enum ProcessStatistics {
 
     /// The parent process ID of `pid` (field 4 of proc(5) `/proc/PID/stat`), or nil.
     public static func parentPID(_ pid: Int32) -> Int32? {
+        guard let fields = statFields(pid), fields.count > 1 else { return nil }
+        return Int32(fields[1])
+    }
+
+    /// Fields 3 onwards of proc(5) `/proc/PID/stat` (field N at offset
+    /// N − 3), or nil when unreadable. Field 2, the command, may hold
+    /// spaces and parentheses, so the fields are counted after its last ")".
+    private static func statFields(_ pid: Int32) -> [Substring]? {
         guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
               let commandEnd = stat.lastIndex(of: ")") else { return nil }
-        let fields = stat[stat.index(after: commandEnd)...].split(separator: " ")
-        return fields.count > 1 ? Int32(fields[1]) : nil
+        return stat[stat.index(after: commandEnd)...].split(separator: " ")
     }
 
     /// The server process behind a socket whose peer (`SO_PEERCRED`: the
