@@ -61,6 +61,10 @@ int CSignerShim_disable_core_dumps(void) {
     return prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 }
 
+const char *CSignerShim_errno_name(int code) {
+    return strerrorname_np(code);
+}
+
 int CSignerShim_malloc_thresholds(int mmap_threshold, int trim_threshold) {
     return mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 && mallopt(M_TRIM_THRESHOLD, trim_threshold) == 1 ? 0 : -1;
 }

@@ -1,6 +1,7 @@
 import Foundation
 import HSMSigner
 import Synchronization
+internal import CSignerShim
 
 #if canImport(Glibc)
 import Glibc
@@ -426,13 +427,27 @@ public struct LoadGenerator: Sendable {
             do {
                 response = try client.send(method, path, body: body)
             } catch {
-                tally.record(MonotonicClock.now() - start, error: "socket")
+                tally.record(MonotonicClock.now() - start, error: Self.socketErrorCode(error))
                 usleep(10_000)
                 continue
             }
             let elapsed = MonotonicClock.now() - start
             tally.record(elapsed, error: check(response, bundleID: bundleID, publicKeys: publicKeys))
         }
+    }
+
+    /// The error bucket of a request that failed on the socket, so that a
+    /// report says why: `socket_` and the `errno` name (`socket_ECONNREFUSED`
+    /// when nothing listens at the path, `socket_ENOENT` when the path is
+    /// gone, `socket_EAGAIN` when the 30-s `SO_RCVTIMEO` ran out),
+    /// `socket_closed` when the server closed the connection before a whole
+    /// response, and `socket_protocol` for an answer that is not HTTP as
+    /// signerd writes it (``SignerClient``'s checks).
+    static func socketErrorCode(_ error: SocketError) -> String {
+        if let code = error.errno {
+            return "socket_" + (CSignerShim_errno_name(code).map { String(cString: $0) } ?? "errno_\(code)")
+        }
+        return error.message.contains("closed the connection") ? "socket_closed" : "socket_protocol"
     }
 
     /// nil when the response is a 200 with a well-formed (and, with a key, valid) signature.

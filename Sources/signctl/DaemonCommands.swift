@@ -452,7 +452,9 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         this process (token_uri from the config), N threads with one session each, no socket.
 
         Endpoints: \(LoadGenerator.Endpoint.allCases.map(\.rawValue).joined(separator: ", ")). Defaults: --concurrency 8 --duration 10 (seconds, at most 86400).
-        Exit 0 when every request succeeded, 69 when any failed (the report counts them by code).
+        Exit 0 when every request succeeded, 69 when any failed (the report counts them by code: the daemon's
+        error code, http_STATUS, malformed_signature, invalid_signature with --verify, or socket_ERRNO such as
+        socket_ECONNREFUSED, socket_closed and socket_protocol when the socket itself failed).
         """)
         return .success
     }

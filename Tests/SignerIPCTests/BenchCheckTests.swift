@@ -54,3 +54,77 @@ struct BenchErrorLatencyTests {
         #expect((json?["error_latency_ms"] as? [String: Double])?["max"] == report.errorLatencyMs["max"])
     }
 }
+
+/// A request the socket failed was counted as one `socket` bucket: a
+/// report of 3,000 `socket` errors did not say whether the daemon was gone,
+/// the path removed, or the connection cut. The bucket now names the cause.
+@Suite("signctl bench: socket failures are counted by their cause", .serialized)
+struct BenchSocketErrorTests {
+    enum After: String, CaseIterable, CustomTestStringConvertible {
+        case listenerClosed, pathRemoved, connectionsCut, notHTTP
+        var testDescription: String { rawValue }
+    }
+
+    /// Answers the first connection (bench's `GET /v1/keys` probe) with a
+    /// listing of one key, then fails every later connection the `After` way.
+    final class OneListingServer: @unchecked Sendable {
+        let path: String
+        private let thread: Thread
+
+        init(after: After) throws {
+            path = TemporaryDirectory.make(prefix: "signerd-bench-socket") + "/listing.sock"
+            let listener = try UnixListener.bind(path: path, mode: 0o600, group: nil)
+            let socketPath = path
+            let listing = #"{"keys":[{"key_id":"ABC123DEFG","bundle_ids":["com.example.app"],"curve":"P-256","token_label":"t"}]}"#
+            thread = Thread {
+                func serveOne(_ answer: String?) -> Bool {
+                    var pollfd = Glibc.pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+                    guard poll(&pollfd, 1, 10_000) == 1 else { return false }
+                    let connection = accept(listener, nil, nil)
+                    guard connection >= 0 else { return false }
+                    var request = [UInt8](repeating: 0, count: 4096)
+                    _ = read(connection, &request, request.count)
+                    if let answer { _ = answer.utf8CString.withUnsafeBytes { write(connection, $0.baseAddress, $0.count - 1) } }
+                    close(connection)
+                    return true
+                }
+                // The listener goes before the listing is written, so that no
+                // bench request can reach it.
+                var pollfd = Glibc.pollfd(fd: listener, events: Int16(POLLIN), revents: 0)
+                guard poll(&pollfd, 1, 10_000) == 1 else { close(listener); return }
+                let probe = accept(listener, nil, nil)
+                var request = [UInt8](repeating: 0, count: 4096)
+                _ = read(probe, &request, request.count)
+                switch after {
+                case .listenerClosed: close(listener)
+                case .pathRemoved: close(listener); unlink(socketPath)
+                case .connectionsCut, .notHTTP: break
+                }
+                let answer = "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: \(listing.utf8.count)\r\n\r\n\(listing)"
+                _ = answer.utf8CString.withUnsafeBytes { write(probe, $0.baseAddress, $0.count - 1) }
+                close(probe)
+                guard after == .connectionsCut || after == .notHTTP else { return }
+                for _ in 0..<3 {
+                    guard serveOne(after == .notHTTP ? "SSH-2.0-OpenSSH_9.2\r\n\r\n" : nil) else { break }
+                }
+                close(listener)
+            }
+            thread.start()
+        }
+    }
+
+    @Test("nothing listening, the path gone, the connection cut, an answer that is not HTTP: each its own bucket",
+          arguments: After.allCases)
+    func namedByCause(_ after: After) throws {
+        let server = try OneListingServer(after: after)
+        let report = try LoadGenerator(socketPath: server.path, endpoint: .promotionalOffer, concurrency: 1, length: .requests(3), verify: false).run()
+        let expected = switch after {
+        case .listenerClosed: "socket_ECONNREFUSED"
+        case .pathRemoved: "socket_ENOENT"
+        case .connectionsCut: "socket_closed"
+        case .notHTTP: "socket_protocol"
+        }
+        #expect(report.errors == [expected: 3], "\(report.errors)")
+        #expect(report.requests == 3)
+    }
+}

@@ -24,6 +24,12 @@ int CSignerShim_peer_groups(int fd, gid_t *groups, int capacity);
 /// process memory, no ptrace attach by same-uid processes. Returns 0 or -1.
 int CSignerShim_disable_core_dumps(void);
 
+/// The symbolic name of an `errno` value (`"ECONNREFUSED"`), from glibc's
+/// `strerrorname_np` (glibc 2.32, `<string.h>` under `_GNU_SOURCE`, which
+/// Swift's Glibc module does not define), or NULL for a value glibc does
+/// not name. The string is static; do not free it.
+const char *CSignerShim_errno_name(int code);
+
 /// Whether the process is dumpable (`prctl(PR_GET_DUMPABLE)`), for tests.
 int CSignerShim_is_dumpable(void);
 
