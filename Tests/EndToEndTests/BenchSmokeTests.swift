@@ -196,3 +196,30 @@ struct BenchSmokeTests {
         #expect(report.cpuMicrosecondsPerRequest?["signerd"] == nil, "no daemon in direct mode")
     }
 }
+
+/// `scripts/bench.sh` runs for minutes; an option it cannot use must stop it
+/// before the build and the first run, with signctl bench's own limits.
+@Suite("scripts/bench.sh: options checked before anything runs")
+struct BenchScriptOptionTests {
+    @Test("a bad option exits 64 naming it, before the release build",
+          arguments: [
+              (["--soak", "0"], "--soak must be a whole number of requests, 1 to 100000000; got 0"),
+              (["--soak", "100000001"], "--soak must be a whole number of requests, 1 to 100000000; got 100000001"),
+              (["--soak", "1e6"], "--soak must be a whole number of requests, 1 to 100000000; got 1e6"),
+              (["--duration", "0"], "--duration must be seconds (decimal), more than 0 and at most 86400; got 0"),
+              (["--duration", "86400.5"], "--duration must be seconds (decimal), more than 0 and at most 86400; got 86400.5"),
+              (["--duration", "1.2.3"], "--duration must be seconds (decimal), more than 0 and at most 86400; got 1.2.3"),
+              (["--rounds", "0"], "--rounds must be a whole number, 1 or more; got 0"),
+              (["--output", "/nonexistent/BENCHMARKS.md"], "the directory /nonexistent does not exist or is not writable"),
+              (["--soak"], "--soak needs a value"),
+              (["--warmup", "3"], "unknown argument --warmup"),
+              // The limits themselves are taken: only the output is refused.
+              (["--soak", "100000000", "--duration", "86400", "--rounds", "1", "--output", "/nonexistent/x.md"], "--output /nonexistent/x.md: the directory"),
+          ])
+    func refused(_ arguments: [String], _ message: String) {
+        let result = runProgram("/bin/bash", [Binaries.root + "/scripts/bench.sh"] + arguments)
+        #expect(result.status == 64, "\(result.stderr)")
+        #expect(result.stderr.contains(message), "\(result.stderr)")
+        #expect(!result.stderr.contains("==> building"), "checked only after the build started: \(result.stderr)")
+    }
+}
