@@ -246,11 +246,17 @@ public final class SignerService: HTTPHandler, Sendable {
     }
 
     /// The 503 for a request that had reached the token and whose
-    /// `sign_timeout_ms` ran out before its last signature: a `/v1/offers`
-    /// batch signs its offers one after another, while the HSM answers.
+    /// `sign_timeout_ms` ran out before its last signature, while the HSM
+    /// answers: a `/v1/offers` batch signs its offers one after another, and
+    /// with `verify_before_return` a signature that did not verify while its
+    /// key was being replaced on the token is made again with the key looked
+    /// up anew, so a single request can need two. (A short classic DER made
+    /// again is not such a case: its second try is given up, and the short
+    /// signature answered, when the deadline is near.)
     static var ranOutBetweenSignaturesError: APIError {
-        var error = APIError(.hsmUnavailable, "sign_timeout_ms ran out before the request's last signature: a /v1/offers batch makes one signature per offer, one after another, "
-                             + "and the HSM answered the ones made so far; send fewer offers per request, raise sign_timeout_ms, or retry later (no signature of this request is returned)")
+        var error = APIError(.hsmUnavailable, "sign_timeout_ms ran out before the request's last signature: signerd makes a request's signatures one after another "
+                             + "(one per offer of a /v1/offers batch; with verify_before_return, another after one that did not verify while its key was being replaced on the token), and the HSM answered the ones made so far; "
+                             + "send fewer offers per batch, raise sign_timeout_ms, or retry later (no signature of this request is returned)")
         error.retryAfter = 1
         return error
     }
@@ -678,7 +684,7 @@ public final class SignerService: HTTPHandler, Sendable {
     func apiError(_ error: HSMError, keyID: String, counting: Bool = true) -> APIError {
         // Not an HSM error: the request never reached the token.
         if error.code == .requestExpired {
-            // Late for its next signature after others were made (a batch), or before it asked the token for anything.
+            // Late for its next signature after others were made (a batch, a signature made again after a failed verification), or before it asked the token for anything.
             return RequestDeadline.progress?.hasReachedToken == true ? Self.ranOutBetweenSignaturesError : Self.stillCheckingError
         }
         if counting { metrics.countHSMError(error.returnValue?.name ?? error.code.rawValue) }
