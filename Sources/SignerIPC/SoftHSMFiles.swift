@@ -90,9 +90,10 @@ public enum SoftHSMFiles {
     /// SoftHSM tokens at once. SoftHSM rewrites a token's files at `C_Login`
     /// and at every write; another process reading them meanwhile saw the
     /// token uninitialized, objects gone, or `C_Login` fail with
-    /// `CKR_GENERAL_ERROR`. signerd does not take the lock: it waits out a
-    /// key another process is replacing instead, and must not stop signing
-    /// while an operator's command runs.
+    /// `CKR_GENERAL_ERROR`. signerd takes the lock only while it starts
+    /// (`C_Initialize` to the keys' self-test); once running it does not:
+    /// it waits out a key another process is replacing instead, and must
+    /// not stop signing while an operator's command runs.
     ///
     /// The file has the token directory's owner and group and mode 0660:
     /// only who may write the tokens (that user, that group as in Debian's

@@ -122,6 +122,50 @@ func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger, stopp
     return failed
 }
 
+/// How long signerd waits at start for another process's lock on the
+/// SoftHSM tokens, in seconds: under systemd's default `TimeoutStartSec`
+/// (90 s), and less than signctl's own wait (60 s).
+let startLockSeconds = 30.0
+
+/// Takes signctl's lock on SoftHSM's token directory
+/// (``SoftHSMFiles/lockTokens(in:timeout:shouldStop:waiting:)``) for the
+/// start: SoftHSM reads its token files at `C_Initialize` and rewrites them
+/// at `C_Login`, and a start while another process wrote them (three
+/// signerd started at once on one token, a `signctl keys import`) failed
+/// with `token_not_found` ("1 uninitialized token") or `C_Login` returning
+/// `CKR_USER_PIN_NOT_INITIALIZED`: 2 starts in 27 when measured. A busy lock
+/// is logged (`token_lock_wait`, with the holder from /proc/locks) and
+/// waited for up to ``startLockSeconds``; after that signerd starts without
+/// it (`token_lock_timeout`), since a daemon that does not start signs
+/// nothing. Once running, signerd never takes the lock: an operator's
+/// command must not stop it signing.
+/// - Parameters:
+///   - tokenURI: `token_uri` from the configuration.
+///   - logger: where the wait and a lock file signerd cannot use are logged.
+/// - Returns: the lock, to release after the start's last token read; nil
+///   for a module that is not SoftHSM, a lock file this user may not open
+///   (nor write the tokens), or a wait that ran out.
+func lockSoftHSMForStart(tokenURI: String, logger: Logger) -> SoftHSMFiles.TokenLock? {
+    let uri = try? PKCS11URI(tokenURI)
+    guard let directory = SoftHSMFiles.tokenDirectory(module: uri.flatMap { $0.modulePath ?? $0.moduleName }) else { return nil }
+    let outcome = SoftHSMFiles.lockTokens(in: directory, timeout: startLockSeconds) { holder in
+        logger.warning("token_lock_wait", ["token.directory": .string(directory), "holder": .string(holder ?? "unknown"),
+                                           "hint": .string("another process is working on the SoftHSM tokens (signctl keys import, signctl bench --direct, another signerd starting); signerd starts once it is done, or after \(Int(startLockSeconds)) s")])
+    }
+    switch outcome {
+    case .held(let lock):
+        return lock
+    case .notApplicable(let problem?):
+        logger.warning("token_lock_unusable", ["token.directory": .string(directory), "hint": .string("starting without the SoftHSM token lock: \(problem); remove it, and signctl makes the lock file again")])
+    case .timedOut(let holder):
+        logger.warning("token_lock_timeout", ["token.directory": .string(directory), "holder": .string(holder ?? "unknown"),
+                                              "hint": .string("starting without the SoftHSM token lock after \(Int(startLockSeconds)) s; if the token is not found or its PIN reads as not initialized, start signerd again once that process is done")])
+    case .notApplicable(nil), .stopped:
+        break
+    }
+    return nil
+}
+
 /// The file size limit after raising the soft one to the hard one, when
 /// finite, and the problem when it is smaller than SoftHSM's largest token
 /// file (a login would cut that file short and destroy the token).
@@ -243,6 +287,8 @@ func runDaemon() -> Never {
         socketFailed(error)
     }
 
+    // Held from before C_Initialize until the keys' self-test is done.
+    var startLock = lockSoftHSMForStart(tokenURI: configuration.tokenURI, logger: logger)
     var tokenOptions = TokenOptions()
     tokenOptions.sessionPoolSize = configuration.sessionPoolSize
     tokenOptions.sessionCheckoutTimeout = Double(configuration.sessionCheckoutTimeoutMs) / 1000
@@ -284,6 +330,7 @@ func runDaemon() -> Never {
 
     // Prove every configured key signs before telling systemd we are ready.
     let keyProblems = selfTest(configuration.keys, token: token, logger: logger)
+    withExtendedLifetime(startLock) { startLock = nil }
 
     let metrics = Metrics()
     let service = SignerService(configuration: configuration, token: token, logger: logger, metrics: metrics)

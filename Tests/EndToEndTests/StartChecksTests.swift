@@ -2,6 +2,7 @@ import Foundation
 import HSMSigner
 import SignerIPC
 import TestSupport
+import Synchronization
 import Testing
 
 #if canImport(Glibc)
@@ -642,5 +643,88 @@ struct OpenFileLimitTests {
         let check = runProgram("/usr/bin/prlimit", ["--nofile=80:80", "--", Binaries.signerd, "--config", daemon.configPath, "--check-config"],
                                environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
         #expect(check.status == 78 && check.stderr.contains("open_file_limit_too_low: ") && check.stderr.contains("no connection fits"), "\(check.stdout) \(check.stderr)")
+    }
+}
+
+/// SoftHSM reads its token files at `C_Initialize` and rewrites them at
+/// `C_Login`. Three signerd started at once on one token failed 2 starts in
+/// 27 with `token_not_found` ("1 uninitialized token") or `C_Login`
+/// returning `CKR_USER_PIN_NOT_INITIALIZED`: each read the files while
+/// another rewrote them. signerd now takes signctl's lock on the token
+/// directory from before `C_Initialize` to the keys' self-test.
+@Suite("signerd's start and the SoftHSM token lock", .serialized)
+struct StartTokenLockTests {
+    @Test("a start waits while another process holds the lock, logs who holds it, and serves once it is free")
+    func waitsForTheLock() throws {
+        let daemon = try DaemonHarness()
+        let lockFile = daemon.directory + "/hsm/tokens/" + SoftHSMFiles.lockFileName
+        let descriptor = open(lockFile, O_RDWR | O_CREAT | O_CLOEXEC, 0o660)
+        try #require(descriptor >= 0, "cannot open \(lockFile)")
+        try #require(flock(descriptor, LOCK_EX) == 0)
+        let held = Mutex<(servedWhileHeld: Bool, released: Bool)>((false, false))
+        let socketPath = daemon.socketPath
+        let releaser = Thread {
+            // The lock goes 1.5 s after signerd said it waits for it.
+            _ = poll(seconds: 10) { daemon.log.contains { $0.contains("\"token_lock_wait\"") } }
+            usleep(1_500_000)
+            let answered = (try? SignerClient(socketPath: socketPath, timeout: 1).send("GET", "/healthz"))?.status == 200
+            held.withLock { $0 = (answered, true) }
+            close(descriptor)
+        }
+        releaser.start()
+        try daemon.start()
+        defer { _ = daemon.stop() }
+        let waited = daemon.logged { $0.contains("\"token_lock_wait\"") }
+        #expect(waited.count == 1 && waited.first?.contains("PID \(getpid()) (") == true, "\(daemon.log.joined(separator: "\n"))")
+        let (servedWhileHeld, released) = held.withLock { $0 }
+        #expect(released, "signerd served before the lock was released")
+        #expect(!servedWhileHeld, "signerd answered /healthz while another process held the lock")
+        let request = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
+        #expect(daemon.verifies(try daemon.client().send("POST", "/v1/sign/promotional-offer", body: Array(request.utf8))))
+        // Released after the start: a signctl command on the token does not wait for the running daemon.
+        let listed = runSignctl(["--config", daemon.configPath, "keys", "list"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(listed.status == 0 && !listed.stderr.contains("waiting: another process"), "\(listed.stderr)")
+    }
+
+    @Test("three signerd started at once on one token all come up and sign, three times over")
+    func startedTogether() throws {
+        let daemon = try DaemonHarness()
+        let base = try #require(try JSONSerialization.jsonObject(with: Data(contentsOf: URL(fileURLWithPath: daemon.configPath))) as? [String: Any])
+        var configs: [(config: String, socket: String)] = []
+        for name in ["a", "b", "c"] {
+            var config = base
+            config["socket_path"] = daemon.directory + "/\(name).sock"
+            let path = daemon.directory + "/\(name).json"
+            try JSONSerialization.data(withJSONObject: config).write(to: URL(fileURLWithPath: path))
+            chmod(path, 0o600)
+            configs.append((path, daemon.directory + "/\(name).sock"))
+        }
+        for round in 1...3 {
+            let logs = configs.map { $0.config + ".round\(round).log" }
+            let processes = try zip(configs, logs).map { entry, log in
+                _ = FileManager.default.createFile(atPath: log, contents: nil)
+                let process = Process()
+                process.executableURL = URL(fileURLWithPath: Binaries.signerd)
+                process.arguments = ["--config", entry.config]
+                process.environment = daemon.environment
+                process.standardError = FileHandle(forWritingAtPath: log)
+                try process.run()
+                return process
+            }
+            defer {
+                for process in processes where process.isRunning { process.terminate() }
+                for process in processes { process.waitUntilExit() }
+            }
+            let request = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
+            for (index, entry) in configs.enumerated() {
+                let up = poll(seconds: 20) {
+                    (try? SignerClient(socketPath: entry.socket, timeout: 2).send("GET", "/healthz"))?.status == 200 || !processes[index].isRunning
+                }
+                #expect(up && processes[index].isRunning, "round \(round): \(entry.config): \((try? String(contentsOfFile: logs[index], encoding: .utf8)) ?? "")")
+                guard processes[index].isRunning else { continue }
+                let response = try SignerClient(socketPath: entry.socket, timeout: 5).send("POST", "/v1/sign/promotional-offer", body: Array(request.utf8))
+                #expect(daemon.verifies(response), "round \(round): \(String(decoding: response.body, as: UTF8.self))")
+            }
+        }
     }
 }
