@@ -208,6 +208,15 @@ public enum ProcessControl {
         pthread_sigmask(SIG_BLOCK, &set, nil)
     }
 
+    /// The first of `signals` that is pending (blocked, as
+    /// ``blockSignals(_:)`` leaves them, and sent), without taking it:
+    /// `sigpending(2)`. nil when none is.
+    public static func pendingSignal(among signals: [Int32]) -> Int32? {
+        var set = sigset_t()
+        guard sigpending(&set) == 0 else { return nil }
+        return signals.first { sigismember(&set, $0) == 1 }
+    }
+
     /// Waits for one of `signals` (blocked earlier) and returns its number.
     public static func waitForSignal(_ signals: [Int32]) -> Int32 {
         var set = sigset_t()

@@ -20,11 +20,15 @@ public enum SoftHSMFiles {
         guard let module, module.lowercased().contains("softhsm") else { return nil }
         let conf = configurationFile
         guard let text = try? String(contentsOfFile: conf, encoding: .utf8) else { return nil }
-        guard let line = text.split(whereSeparator: \.isNewline).first(where: { $0.trimmingCharacters(in: .whitespaces).hasPrefix("directories.tokendir") }),
-              let equals = line.firstIndex(of: "=") else {
-            return "/var/lib/softhsm/tokens"  // SoftHSM's default
+        // SoftHSM reads every `key = value` line in order (comments start with
+        // #), so of two `directories.tokendir` lines the last one counts.
+        let set = text.split(whereSeparator: \.isNewline).compactMap { line -> String? in
+            let trimmed = line.trimmingCharacters(in: .whitespaces)
+            guard !trimmed.hasPrefix("#"), let equals = trimmed.firstIndex(of: "="),
+                  trimmed[..<equals].trimmingCharacters(in: .whitespaces) == "directories.tokendir" else { return nil }
+            return trimmed[trimmed.index(after: equals)...].trimmingCharacters(in: .whitespaces)
         }
-        return line[line.index(after: equals)...].trimmingCharacters(in: .whitespaces)
+        return set.last ?? "/var/lib/softhsm/tokens"  // SoftHSM's default
     }
 
     /// The SoftHSM configuration file this process's SoftHSM reads, in
@@ -91,7 +95,7 @@ public enum SoftHSMFiles {
     /// and at every write; another process reading them meanwhile saw the
     /// token uninitialized, objects gone, or `C_Login` fail with
     /// `CKR_GENERAL_ERROR`. signerd takes the lock only while it starts
-    /// (`C_Initialize` to the keys' self-test); once running it does not:
+    /// (from before `C_Initialize` until its socket is bound); once running it does not:
     /// it waits out a key another process is replacing instead, and must
     /// not stop signing while an operator's command runs.
     ///
@@ -100,7 +104,11 @@ public enum SoftHSMFiles {
     /// `root:softhsm 2770`, root) can open it, so a user who may only read
     /// them cannot hold the lock to stop others (such a user goes on
     /// without it). Its owner (or root) sets that mode and ownership again
-    /// on every take. SoftHSM's own `fcntl` locks are separate.
+    /// on every take. SoftHSM's own `fcntl` locks are separate. A symbolic
+    /// link, a directory, a socket or a file with another hard link at the
+    /// path is not used (`notApplicable` with the problem), nor changed; a
+    /// file removed or replaced while this process waited is opened again
+    /// from its path, so that two processes never hold two files.
     /// - Parameters:
     ///   - directory: the token directory (``tokenDirectory(module:)``).
     ///   - timeout: how long to wait for another holder, in seconds.
@@ -110,20 +118,71 @@ public enum SoftHSMFiles {
     /// - Returns: the lock, or why there is none.
     public static func lockTokens(in directory: String, timeout: Double, shouldStop: () -> Bool = { false }, waiting: (String?) -> Void) -> LockOutcome {
         let path = directory + "/" + lockFileName
+        let deadline = MonotonicClock.deadline(after: timeout)
+        var waited = false
+        // Again from the open when the file was removed or replaced while
+        // this process waited: the lock it then got is on a file no one else
+        // opens, and another process may hold the one at the path.
+        while true {
+            let descriptor: Int32
+            switch openLockFile(path, directory: directory) {
+            case .failure(let refusal): return refusal.outcome
+            case .success(let opened): descriptor = opened
+            }
+            while true {
+                if flock(descriptor, LOCK_EX | LOCK_NB) == 0 {
+                    if isStillAtPath(descriptor, path) { return .held(TokenLock(descriptor: descriptor)) }
+                    break
+                }
+                let failure = errno
+                guard failure == EWOULDBLOCK || failure == EINTR else {
+                    close(descriptor)
+                    return .notApplicable(problem: nil)
+                }
+                if shouldStop() {
+                    close(descriptor)
+                    return .stopped
+                }
+                guard MonotonicClock.now() < deadline else {
+                    let holder = lockHolder(descriptor)
+                    close(descriptor)
+                    return .timedOut(holder: holder)
+                }
+                if !waited {
+                    waited = true
+                    waiting(lockHolder(descriptor))
+                }
+                usleep(20_000)
+            }
+            close(descriptor)
+        }
+    }
+
+    /// Opens (or makes) the lock file, refusing what is not a plain file of
+    /// its own, and sets its owner and mode for the token directory.
+    private static func openLockFile(_ path: String, directory: String) -> Result<Int32, LockFileRefusal> {
         let descriptor = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0o660)
         guard descriptor >= 0 else {
             let failure = errno
             switch failure {
-            case ELOOP: return .notApplicable(problem: "\(path) is a symbolic link")
-            case EISDIR: return .notApplicable(problem: "\(path) is a directory")
-            default: return .notApplicable(problem: nil)
+            case ELOOP: return .failure(LockFileRefusal(problem: "\(path) is a symbolic link"))
+            case EISDIR: return .failure(LockFileRefusal(problem: "\(path) is a directory, which SoftHSM takes for a token and writes into (remove it with rm -r)"))
+            case ENXIO: return .failure(LockFileRefusal(problem: "\(path) is a socket"))
+            case EACCES, EPERM, EROFS: return .failure(LockFileRefusal(problem: nil))  // this user may not write the tokens either
+            default: return .failure(LockFileRefusal(problem: "\(path) cannot be opened: \(String(cString: strerror(failure)))"))
             }
         }
         var file = stat()
         var owner = stat()
         guard fstat(descriptor, &file) == 0, (file.st_mode & S_IFMT) == S_IFREG else {
             close(descriptor)
-            return .notApplicable(problem: "\(path) is not a regular file")
+            return .failure(LockFileRefusal(problem: "\(path) is not a regular file"))
+        }
+        // A hard link to another file (another user's, where
+        // fs.protected_hardlinks is off) would have its owner and mode changed below.
+        guard file.st_nlink == 1 else {
+            close(descriptor)
+            return .failure(LockFileRefusal(problem: "\(path) has \(file.st_nlink) hard links: it is another file linked there, whose owner and mode are left alone"))
         }
         if stat(directory, &owner) == 0, geteuid() == 0 || geteuid() == file.st_uid {
             // Root's take in another user's directory, or a mode loosened by
@@ -135,30 +194,21 @@ public enum SoftHSMFiles {
             }
             if file.st_mode & 0o7777 != 0o660 { _ = fchmod(descriptor, 0o660) }
         }
-        let deadline = MonotonicClock.deadline(after: timeout)
-        var waited = false
-        while true {
-            if flock(descriptor, LOCK_EX | LOCK_NB) == 0 { return .held(TokenLock(descriptor: descriptor)) }
-            let failure = errno
-            guard failure == EWOULDBLOCK || failure == EINTR else {
-                close(descriptor)
-                return .notApplicable(problem: nil)
-            }
-            if shouldStop() {
-                close(descriptor)
-                return .stopped
-            }
-            guard MonotonicClock.now() < deadline else {
-                let holder = lockHolder(descriptor)
-                close(descriptor)
-                return .timedOut(holder: holder)
-            }
-            if !waited {
-                waited = true
-                waiting(lockHolder(descriptor))
-            }
-            usleep(20_000)
-        }
+        return .success(descriptor)
+    }
+
+    /// Why ``openLockFile(_:directory:)`` gave no descriptor: the
+    /// ``LockOutcome/notApplicable(problem:)`` to return.
+    private struct LockFileRefusal: Error {
+        let problem: String?
+        var outcome: LockOutcome { .notApplicable(problem: problem) }
+    }
+
+    /// Whether the file open as `descriptor` is still the one at `path`.
+    private static func isStillAtPath(_ descriptor: Int32, _ path: String) -> Bool {
+        var opened = stat()
+        var named = stat()
+        return fstat(descriptor, &opened) == 0 && lstat(path, &named) == 0 && opened.st_dev == named.st_dev && opened.st_ino == named.st_ino
     }
 
     /// The process holding a `flock` on the file open as `descriptor`, as
@@ -170,7 +220,9 @@ public enum SoftHSMFiles {
         for line in table.split(separator: "\n") {
             let fields = line.split(separator: " ", omittingEmptySubsequences: true)
             guard fields.count >= 6, fields[1] == "FLOCK", fields[5].hasSuffix(":\(info.st_ino)"), let pid = Int32(fields[4]) else { continue }
-            let command = (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+            // A process names itself (prctl PR_SET_NAME): its control characters are shown as "?".
+            let command = (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8))?.trimmingCharacters(in: .newlines)
+                .unicodeScalars.map { $0.value < 0x20 || $0.value == 0x7F ? "?" : String($0) }.joined()
             return "PID \(pid)" + (command.map { " (\($0))" } ?? "")
         }
         return nil

@@ -137,8 +137,10 @@ let startLockSeconds = 30.0
 /// is logged (`token_lock_wait`, with the holder from /proc/locks) and
 /// waited for up to ``startLockSeconds``; after that signerd starts without
 /// it (`token_lock_timeout`), since a daemon that does not start signs
-/// nothing. Once running, signerd never takes the lock: an operator's
-/// command must not stop it signing.
+/// nothing. A `SIGTERM` or `SIGINT` (blocked, so pending) during the wait
+/// ends the start there, before the token is opened: `shutdown_requested`,
+/// `signerd_stopped`, exit 0. Once running, signerd never takes the lock:
+/// an operator's command must not stop it signing.
 /// - Parameters:
 ///   - tokenURI: `token_uri` from the configuration.
 ///   - logger: where the wait and a lock file signerd cannot use are logged.
@@ -148,7 +150,8 @@ let startLockSeconds = 30.0
 func lockSoftHSMForStart(tokenURI: String, logger: Logger) -> SoftHSMFiles.TokenLock? {
     let uri = try? PKCS11URI(tokenURI)
     guard let directory = SoftHSMFiles.tokenDirectory(module: uri.flatMap { $0.modulePath ?? $0.moduleName }) else { return nil }
-    let outcome = SoftHSMFiles.lockTokens(in: directory, timeout: startLockSeconds) { holder in
+    let stopSignals = [SIGTERM, SIGINT]
+    let outcome = SoftHSMFiles.lockTokens(in: directory, timeout: startLockSeconds, shouldStop: { ProcessControl.pendingSignal(among: stopSignals) != nil }) { holder in
         logger.warning("token_lock_wait", ["token.directory": .string(directory), "holder": .string(holder ?? "unknown"),
                                            "hint": .string("another process is working on the SoftHSM tokens (signctl keys import, signctl bench --direct, another signerd starting); signerd starts once it is done, or after \(Int(startLockSeconds)) s")])
     }
@@ -160,7 +163,12 @@ func lockSoftHSMForStart(tokenURI: String, logger: Logger) -> SoftHSMFiles.Token
     case .timedOut(let holder):
         logger.warning("token_lock_timeout", ["token.directory": .string(directory), "holder": .string(holder ?? "unknown"),
                                               "hint": .string("starting without the SoftHSM token lock after \(Int(startLockSeconds)) s; if the token is not found or its PIN reads as not initialized, start signerd again once that process is done")])
-    case .notApplicable(nil), .stopped:
+    case .stopped:
+        // Nothing was opened yet: no requests to finish, no socket to remove.
+        logger.notice("shutdown_requested", ["signal": .int(Int64(ProcessControl.pendingSignal(among: stopSignals) ?? SIGTERM))])
+        logger.notice("signerd_stopped", ["drained": .bool(true), "backlog_connections": .int(0)])
+        exit(0)
+    case .notApplicable(nil):
         break
     }
     return nil
@@ -287,8 +295,17 @@ func runDaemon() -> Never {
         socketFailed(error)
     }
 
-    // Held from before C_Initialize until the keys' self-test is done.
+    // Held from before C_Initialize until the socket is bound: another
+    // signerd on the same socket_path, which waited for it, then finds this
+    // one listening and is refused before its C_Login.
     var startLock = lockSoftHSMForStart(tokenURI: configuration.tokenURI, logger: logger)
+    if startLock != nil, passedListener == nil {
+        do {
+            try UnixListener.refuseIfListening(path: configuration.socketPath)
+        } catch {
+            socketFailed(error)
+        }
+    }
     var tokenOptions = TokenOptions()
     tokenOptions.sessionPoolSize = configuration.sessionPoolSize
     tokenOptions.sessionCheckoutTimeout = Double(configuration.sessionCheckoutTimeoutMs) / 1000
@@ -330,7 +347,6 @@ func runDaemon() -> Never {
 
     // Prove every configured key signs before telling systemd we are ready.
     let keyProblems = selfTest(configuration.keys, token: token, logger: logger)
-    withExtendedLifetime(startLock) { startLock = nil }
 
     let metrics = Metrics()
     let service = SignerService(configuration: configuration, token: token, logger: logger, metrics: metrics)
@@ -349,6 +365,7 @@ func runDaemon() -> Never {
         socketActivated = false
     }
     let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
+    withExtendedLifetime(startLock) { startLock = nil }
     // Recognized at shutdown: a file someone put at the path later is not removed.
     let boundFile = socketActivated ? nil : UnixListener.fileIdentity(configuration.socketPath)
     func removeSocketFile() {

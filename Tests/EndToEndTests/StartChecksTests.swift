@@ -686,6 +686,154 @@ struct StartTokenLockTests {
         #expect(listed.status == 0 && !listed.stderr.contains("waiting: another process"), "\(listed.stderr)")
     }
 
+    /// A signerd process of its own, its stderr in a file.
+    final class RawDaemon {
+        let process = Process()
+        let logPath: String
+
+        init(_ daemon: DaemonHarness, config: String? = nil, name: String) throws {
+            logPath = daemon.directory + "/\(name).log"
+            _ = FileManager.default.createFile(atPath: logPath, contents: nil)
+            process.executableURL = URL(fileURLWithPath: Binaries.signerd)
+            process.arguments = ["--config", config ?? daemon.configPath]
+            process.environment = daemon.environment
+            process.standardError = FileHandle(forWritingAtPath: logPath)
+            try process.run()
+        }
+
+        var log: String { (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? "" }
+
+        func logged(_ message: String, within seconds: Double = 10) -> Bool {
+            poll(seconds: seconds) { self.log.contains("\"\(message)\"") }
+        }
+
+        deinit {
+            if process.isRunning { process.terminate() }
+            process.waitUntilExit()
+        }
+    }
+
+    /// Holds signctl's lock on `daemon`'s token directory until `release()`.
+    final class HeldLock {
+        let descriptor: Int32
+        init(_ daemon: DaemonHarness) throws {
+            descriptor = open(daemon.directory + "/hsm/tokens/" + SoftHSMFiles.lockFileName, O_RDWR | O_CREAT | O_CLOEXEC, 0o660)
+            try #require(descriptor >= 0)
+            try #require(flock(descriptor, LOCK_EX) == 0)
+        }
+        func release() { close(descriptor) }
+    }
+
+    func serves(_ socketPath: String) -> Bool {
+        (try? SignerClient(socketPath: socketPath, timeout: 1).send("GET", "/healthz"))?.status == 200
+    }
+
+    @Test("SIGTERM or SIGINT while the start waits for the lock ends it at once (exit 0), before the token is opened", arguments: [SIGTERM, SIGINT])
+    func stoppedWhileWaiting(_ signal: Int32) throws {
+        let daemon = try DaemonHarness()
+        let lock = try HeldLock(daemon)
+        defer { lock.release() }
+        let waiting = try RawDaemon(daemon, name: "waiting")
+        try #require(waiting.logged("token_lock_wait"), "\(waiting.log)")
+        let sent = Date()
+        kill(waiting.process.processIdentifier, signal)
+        try #require(poll(seconds: 5) { !waiting.process.isRunning }, "still waiting 5 s after the signal: \(waiting.log)")
+        // Before, the signal waited out the 30-s wait, then the unlocked C_Login, READY=1 and the stop.
+        #expect(Date().timeIntervalSince(sent) < 5)
+        #expect(waiting.process.terminationStatus == 0, "\(waiting.log)")
+        #expect(waiting.log.contains("\"shutdown_requested\"") && waiting.log.contains("\"signal\":\(signal)") && waiting.log.contains("\"signerd_stopped\""), "\(waiting.log)")
+        #expect(!waiting.log.contains("\"token_opened\"") && !waiting.log.contains("\"token_lock_timeout\""), "\(waiting.log)")
+    }
+
+    @Test("two signerd on one socket_path that waited for the lock: the second finds the first listening and is refused (69) before its C_Login")
+    func secondOnTheSameSocket() throws {
+        let daemon = try DaemonHarness()
+        let lock = try HeldLock(daemon)
+        let first = try RawDaemon(daemon, name: "first")
+        try #require(first.logged("token_lock_wait"), "\(first.log)")
+        let second = try RawDaemon(daemon, name: "second")
+        try #require(second.logged("token_lock_wait"), "\(second.log)")
+        lock.release()
+        try #require(poll(seconds: 20) { !first.process.isRunning || !second.process.isRunning }, "both still running: first: \(first.log)\nsecond: \(second.log)")
+        let (served, refused) = first.process.isRunning ? (first, second) : (second, first)
+        #expect(refused.process.terminationStatus == 69, "\(refused.log)")
+        #expect(refused.log.contains("\"socket_bind_failed\"") && refused.log.contains("another process is listening on \(daemon.socketPath)"), "\(refused.log)")
+        // Before, the one that got the lock second logged in, then found the socket taken.
+        #expect(!refused.log.contains("\"token_opened\""), "it logged in to the token first: \(refused.log)")
+        #expect(poll(seconds: 10) { serves(daemon.socketPath) } && served.process.isRunning, "\(served.log)")
+        #expect(served.log.contains("\"token_opened\""), "token_opened is not logged at this log_level, so its absence above shows nothing: \(served.log)")
+    }
+
+    enum OddLockFile: String, CaseIterable, CustomTestStringConvertible {
+        case hardLink, socket, directory
+        var testDescription: String { rawValue }
+    }
+
+    @Test("a hard link, a socket or a directory at the lock's path: not used, not changed, warned of by name; signerd starts",
+          arguments: OddLockFile.allCases)
+    func oddLockFile(_ kind: OddLockFile) throws {
+        let daemon = try DaemonHarness()
+        let lockPath = daemon.directory + "/hsm/tokens/" + SoftHSMFiles.lockFileName
+        unlink(lockPath)
+        let linked = daemon.directory + "/someone-elses-file"
+        var listener: Int32 = -1
+        defer { if listener >= 0 { close(listener) } }
+        switch kind {
+        case .hardLink:
+            try "not a lock\n".write(toFile: linked, atomically: false, encoding: .utf8)
+            chmod(linked, 0o640)
+            try #require(link(linked, lockPath) == 0)
+        case .socket:
+            listener = try UnixListener.bind(path: lockPath, mode: 0o600, group: nil)
+        case .directory:
+            try #require(mkdir(lockPath, 0o700) == 0)
+        }
+        try daemon.start()
+        defer { _ = daemon.stop() }
+        let expected = switch kind {
+        case .hardLink: "has 2 hard links: it is another file linked there, whose owner and mode are left alone"
+        case .socket: "is a socket"
+        case .directory: "is a directory, which SoftHSM takes for a token and writes into (remove it with rm -r)"
+        }
+        let warned = daemon.logged { $0.contains("\"token_lock_unusable\"") }
+        #expect(warned.count == 1 && warned.first?.contains(expected) == true, "\(daemon.log.joined(separator: "\n"))")
+        if kind == .hardLink {
+            var info = stat()
+            #expect(stat(linked, &info) == 0 && info.st_mode & 0o7777 == 0o640, "the linked file's mode was changed to \(String(info.st_mode & 0o7777, radix: 8))")
+            #expect((try? String(contentsOfFile: linked, encoding: .utf8)) == "not a lock\n")
+        }
+    }
+
+    @Test("of two directories.tokendir lines SoftHSM reads the last, and so does the lock: the start waits for it")
+    func lastTokenDirectoryLine() throws {
+        let daemon = try DaemonHarness()
+        let conf = try String(contentsOfFile: daemon.softHSMConf, encoding: .utf8)
+        try ("directories.tokendir = \(daemon.directory)/no-tokens-here\n" + conf).write(toFile: daemon.softHSMConf, atomically: false, encoding: .utf8)
+        let lock = try HeldLock(daemon)
+        let waiting = try RawDaemon(daemon, name: "waiting")
+        // Before, the first line's directory was locked (made there), and the start did not wait.
+        #expect(waiting.logged("token_lock_wait"), "\(waiting.log)")
+        #expect(!serves(daemon.socketPath))
+        lock.release()
+        #expect(poll(seconds: 20) { serves(daemon.socketPath) }, "\(waiting.log)")
+    }
+
+    @Test("a lock file removed and made again while the start waits: it waits for the new file's holder, not the old one's")
+    func replacedWhileWaiting() throws {
+        let daemon = try DaemonHarness()
+        let old = try HeldLock(daemon)
+        let waiting = try RawDaemon(daemon, name: "waiting")
+        try #require(waiting.logged("token_lock_wait"), "\(waiting.log)")
+        unlink(daemon.directory + "/hsm/tokens/" + SoftHSMFiles.lockFileName)
+        let new = try HeldLock(daemon)
+        old.release()
+        // Before, signerd took the old file's lock and started while the new one was held.
+        usleep(1_500_000)
+        #expect(!serves(daemon.socketPath) && waiting.process.isRunning, "started while another process held the lock file at the path: \(waiting.log)")
+        new.release()
+        #expect(poll(seconds: 20) { serves(daemon.socketPath) }, "\(waiting.log)")
+    }
+
     @Test("three signerd started at once on one token all come up and sign, three times over")
     func startedTogether() throws {
         let daemon = try DaemonHarness()
