@@ -437,14 +437,17 @@ public struct LoadGenerator: Sendable {
     }
 
     /// The error bucket of a request that failed on the socket, so that a
-    /// report says why: `socket_` and the `errno` name (`socket_ECONNREFUSED`
-    /// when nothing listens at the path, `socket_ENOENT` when the path is
-    /// gone, `socket_EAGAIN` when the 30-s `SO_RCVTIMEO` ran out),
-    /// `socket_closed` when the server closed the connection before a whole
-    /// response, and `socket_protocol` for an answer that is not HTTP as
-    /// signerd writes it (``SignerClient``'s checks).
+    /// report says why: `socket_timeout` when the client's 30-s
+    /// `SO_RCVTIMEO`/`SO_SNDTIMEO` ran out (`EAGAIN`: a daemon that stopped
+    /// answering), otherwise `socket_` and the `errno` name
+    /// (`socket_ECONNREFUSED` when nothing listens at the path,
+    /// `socket_ENOENT` when the path is gone), `socket_closed` when the
+    /// server closed the connection before a whole response, and
+    /// `socket_protocol` for an answer that is not HTTP as signerd writes it
+    /// (``SignerClient``'s checks).
     static func socketErrorCode(_ error: SocketError) -> String {
         if let code = error.errno {
+            if code == EAGAIN || code == EWOULDBLOCK { return "socket_timeout" }
             return "socket_" + (CSignerShim_errno_name(code).map { String(cString: $0) } ?? "errno_\(code)")
         }
         return error.message.contains("closed the connection") ? "socket_closed" : "socket_protocol"
