@@ -523,7 +523,11 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         func ms(_ key: String, _ latency: [String: Double] = report.latencyMs) -> String { String(format: "%.3f", latency[key] ?? 0) }
         print("\(report.mode) \(report.endpoint): \(report.concurrency) \(report.mode == "direct" ? "threads" : "connections"), \(report.requests) requests in \(String(format: "%.2f", report.durationSeconds)) s")
         print(String(format: "throughput: %.0f successful requests/s", report.throughput))
-        print("latency ms: p50 \(ms("p50"))  p90 \(ms("p90"))  p99 \(ms("p99"))  p99.9 \(ms("p99.9"))  max \(ms("max"))  mean \(ms("mean"))")
+        if report.latencyMs.isEmpty {
+            print("latency ms: none (no request succeeded)")
+        } else {
+            print("latency ms: p50 \(ms("p50"))  p90 \(ms("p90"))  p99 \(ms("p99"))  p99.9 \(ms("p99.9"))  max \(ms("max"))  mean \(ms("mean"))")
+        }
         print("errors: \(report.errorCount == 0 ? "none" : report.errors.sorted { $0.key < $1.key }.map { "\($0.key) \($0.value)" }.joined(separator: ", "))")
         if !report.errorLatencyMs.isEmpty {
             let failed = report.errorLatencyMs

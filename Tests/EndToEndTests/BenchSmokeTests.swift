@@ -97,6 +97,9 @@ struct BenchSmokeTests {
         try #require(report.requests == 0, "the run was meant to complete nothing")
         #expect(run.status == 69, "\(run.stderr)")
         #expect(run.stderr.contains("error: no request completed in"), "\(run.stderr)")
+        // The text report says there is no latency, not "p50 0.000".
+        let text = runSignctl(["--config", daemon.configPath, "bench", "--duration", "0.000001"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(text.status == 69 && text.stdout.contains("latency ms: none (no request succeeded)") && !text.stdout.contains("p50 0.000"), "\(text.stdout) \(text.stderr)")
     }
 
     @Test("--bundle-id without --key-id loads the key that serves that bundle ID, not the first one listed")
