@@ -243,7 +243,7 @@ func lockSoftHSMTokens(module: String?) throws {
     case .held(let lock): heldTokenLock.withLock { $0 = lock }
     case .notApplicable(nil): break
     case .notApplicable(let problem?):
-        writeStandardError("warning: going on without the SoftHSM token lock: \(problem); remove it, and signctl makes the lock file again\n")
+        writeStandardError("warning: going on without the SoftHSM token lock: \(problem); once it is removed, signctl makes the lock file again\n")
     case .stopped:
         // The signal is raised again once the command returns; nothing was written.
         stoppedBeforeWriting.withLock { $0 = true }

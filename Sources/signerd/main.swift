@@ -159,7 +159,7 @@ func lockSoftHSMForStart(tokenURI: String, logger: Logger) -> SoftHSMFiles.Token
     case .held(let lock):
         return lock
     case .notApplicable(let problem?):
-        logger.warning("token_lock_unusable", ["token.directory": .string(directory), "hint": .string("starting without the SoftHSM token lock: \(problem); remove it, and signctl makes the lock file again")])
+        logger.warning("token_lock_unusable", ["token.directory": .string(directory), "hint": .string("starting without the SoftHSM token lock: \(problem); once it is removed, signctl makes the lock file again")])
     case .timedOut(let holder):
         logger.warning("token_lock_timeout", ["token.directory": .string(directory), "holder": .string(holder ?? "unknown"),
                                               "hint": .string("starting without the SoftHSM token lock after \(Int(startLockSeconds)) s; if the token is not found or its PIN reads as not initialized, start signerd again once that process is done")])
