@@ -144,7 +144,7 @@ let startLockSeconds = 30.0
 /// - Parameters:
 ///   - tokenURI: `token_uri` from the configuration.
 ///   - logger: where the wait and a lock file signerd cannot use are logged.
-/// - Returns: the lock, to release after the start's last token read; nil
+/// - Returns: the lock, to release once the socket is bound; nil
 ///   for a module that is not SoftHSM, a lock file this user may not open
 ///   (nor write the tokens), or a wait that ran out.
 func lockSoftHSMForStart(tokenURI: String, logger: Logger) -> SoftHSMFiles.TokenLock? {

@@ -657,10 +657,7 @@ struct StartTokenLockTests {
     @Test("a start waits while another process holds the lock, logs who holds it, and serves once it is free")
     func waitsForTheLock() throws {
         let daemon = try DaemonHarness()
-        let lockFile = daemon.directory + "/hsm/tokens/" + SoftHSMFiles.lockFileName
-        let descriptor = open(lockFile, O_RDWR | O_CREAT | O_CLOEXEC, 0o660)
-        try #require(descriptor >= 0, "cannot open \(lockFile)")
-        try #require(flock(descriptor, LOCK_EX) == 0)
+        let lock = try HeldLock(daemon)
         let held = Mutex<(servedWhileHeld: Bool, released: Bool)>((false, false))
         let socketPath = daemon.socketPath
         let releaser = Thread {
@@ -669,7 +666,7 @@ struct StartTokenLockTests {
             usleep(1_500_000)
             let answered = (try? SignerClient(socketPath: socketPath, timeout: 1).send("GET", "/healthz"))?.status == 200
             held.withLock { $0 = (answered, true) }
-            close(descriptor)
+            lock.release()
         }
         releaser.start()
         try daemon.start()
@@ -714,14 +711,26 @@ struct StartTokenLockTests {
     }
 
     /// Holds signctl's lock on `daemon`'s token directory until `release()`.
-    final class HeldLock {
+    final class HeldLock: Sendable {
         let descriptor: Int32
         init(_ daemon: DaemonHarness) throws {
-            descriptor = open(daemon.directory + "/hsm/tokens/" + SoftHSMFiles.lockFileName, O_RDWR | O_CREAT | O_CLOEXEC, 0o660)
+            descriptor = open(StartTokenLockTests.lockPath(daemon), O_RDWR | O_CREAT | O_CLOEXEC, 0o660)
             try #require(descriptor >= 0)
             try #require(flock(descriptor, LOCK_EX) == 0)
         }
         func release() { close(descriptor) }
+    }
+
+    /// signctl's lock file in `daemon`'s SoftHSM token directory.
+    static func lockPath(_ daemon: DaemonHarness) -> String {
+        daemon.directory + "/hsm/tokens/" + SoftHSMFiles.lockFileName
+    }
+
+    /// Starts a signerd and requires that it logs it waits for the lock.
+    func startWaiting(_ daemon: DaemonHarness, name: String) throws -> RawDaemon {
+        let started = try RawDaemon(daemon, name: name)
+        try #require(started.logged("token_lock_wait"), "\(started.log)")
+        return started
     }
 
     func serves(_ socketPath: String) -> Bool {
@@ -733,8 +742,7 @@ struct StartTokenLockTests {
         let daemon = try DaemonHarness()
         let lock = try HeldLock(daemon)
         defer { lock.release() }
-        let waiting = try RawDaemon(daemon, name: "waiting")
-        try #require(waiting.logged("token_lock_wait"), "\(waiting.log)")
+        let waiting = try startWaiting(daemon, name: "waiting")
         let sent = Date()
         kill(waiting.process.processIdentifier, signal)
         try #require(poll(seconds: 5) { !waiting.process.isRunning }, "still waiting 5 s after the signal: \(waiting.log)")
@@ -749,10 +757,8 @@ struct StartTokenLockTests {
     func secondOnTheSameSocket() throws {
         let daemon = try DaemonHarness()
         let lock = try HeldLock(daemon)
-        let first = try RawDaemon(daemon, name: "first")
-        try #require(first.logged("token_lock_wait"), "\(first.log)")
-        let second = try RawDaemon(daemon, name: "second")
-        try #require(second.logged("token_lock_wait"), "\(second.log)")
+        let first = try startWaiting(daemon, name: "first")
+        let second = try startWaiting(daemon, name: "second")
         lock.release()
         try #require(poll(seconds: 20) { !first.process.isRunning || !second.process.isRunning }, "both still running: first: \(first.log)\nsecond: \(second.log)")
         let (served, refused) = first.process.isRunning ? (first, second) : (second, first)
@@ -773,7 +779,7 @@ struct StartTokenLockTests {
           arguments: OddLockFile.allCases)
     func oddLockFile(_ kind: OddLockFile) throws {
         let daemon = try DaemonHarness()
-        let lockPath = daemon.directory + "/hsm/tokens/" + SoftHSMFiles.lockFileName
+        let lockPath = Self.lockPath(daemon)
         unlink(lockPath)
         let linked = daemon.directory + "/someone-elses-file"
         var listener: Int32 = -1
@@ -822,9 +828,8 @@ struct StartTokenLockTests {
     func replacedWhileWaiting() throws {
         let daemon = try DaemonHarness()
         let old = try HeldLock(daemon)
-        let waiting = try RawDaemon(daemon, name: "waiting")
-        try #require(waiting.logged("token_lock_wait"), "\(waiting.log)")
-        unlink(daemon.directory + "/hsm/tokens/" + SoftHSMFiles.lockFileName)
+        let waiting = try startWaiting(daemon, name: "waiting")
+        unlink(Self.lockPath(daemon))
         let new = try HeldLock(daemon)
         old.release()
         // Before, signerd took the old file's lock and started while the new one was held.
