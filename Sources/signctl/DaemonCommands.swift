@@ -542,7 +542,9 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
         if let pid = report.daemonPID { print("daemon: pid \(pid) (\(ProcessStatistics.commandName(pid) ?? "exited"))") }
         if let why = report.daemonNotMeasured { print("daemon RSS, descriptors and CPU not read: \(why)") }
         if let cpu = report.cpuMicrosecondsPerRequest, !cpu.isEmpty {
-            print("CPU µs per request: " + cpu.sorted { $0.key < $1.key }.map { "\($0.key) " + String(format: "%.1f", $0.value) }.joined(separator: ", "))
+            // The JSON key stays `signerd`; the text names it by role, since the
+            // socket's peer may be another server (the C floor, a proxy).
+            print("CPU µs per request: " + cpu.sorted { $0.key < $1.key }.map { "\($0.key == "signerd" ? "daemon" : $0.key) " + String(format: "%.1f", $0.value) }.joined(separator: ", "))
         }
     }
     guard report.requests > 0 else {

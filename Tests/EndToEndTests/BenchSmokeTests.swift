@@ -102,6 +102,20 @@ struct BenchSmokeTests {
         #expect(text.status == 69 && text.stdout.contains("latency ms: none (no request succeeded)") && !text.stdout.contains("p50 0.000"), "\(text.stdout) \(text.stderr)")
     }
 
+    @Test("the text report names the socket's peer by role (daemon), with its PID and command name")
+    func textReportNamesTheDaemon() throws {
+        let daemon = try DaemonHarness()
+        try daemon.start()
+        defer { daemon.stop() }
+        let run = runSignctl(["--config", daemon.configPath, "bench", "--requests", "50"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        #expect(run.status == 0, "\(run.stderr)")
+        let cpuLine = run.stdout.split(separator: "\n").first { $0.hasPrefix("CPU µs per request: ") }
+        // The JSON key stays "signerd" (tested above); the text says what was measured.
+        #expect(cpuLine?.contains("daemon ") == true && cpuLine?.contains("signctl ") == true && cpuLine?.contains("signerd") == false, "\(run.stdout)")
+        let pid = try #require(daemon.process?.processIdentifier)
+        #expect(run.stdout.contains("daemon: pid \(pid) (signerd)"), "\(run.stdout)")
+    }
+
     @Test("--bundle-id without --key-id loads the key that serves that bundle ID, not the first one listed")
     func bundleIDChoosesItsKey() throws {
         let daemon = try DaemonHarness(keyIDs: ["ABC123DEFG", "XYZ987WVUT"])
