@@ -433,7 +433,7 @@ extension HSMToken {
             return error
         }
         do {
-            try reconnect(reinitialize: true, quietLogin: true)
+            try readBackFromStorage()
         } catch {
             if error.code == .tokenNotFound {
                 // token_not_found, whose hint is to restore the copy: freeing

@@ -23,6 +23,22 @@ public struct TokenOptions: Sendable {
     /// true: the daemon's PIN has been right before. signctl, which an
     /// operator may simply run again, sets it false unless told otherwise.
     public var loginOnFinalTry = true
+    /// Taken before each step of recovery (a module reinitialization or new
+    /// sessions, `C_Login`, the keys looked up again, a test signature) and
+    /// before a reload's login after a refused PIN
+    /// (``HSMToken/reloadPIN(from:)``), on that step's own thread, never on
+    /// a request's; what it returns is held until the step ends, then
+    /// released by dropping it. Default nil: nothing is taken. signerd takes
+    /// signctl's SoftHSM token lock here (`SoftHSMFiles.RunningTokenLock`,
+    /// a bounded wait): SoftHSM reads its token files at `C_Initialize` and
+    /// rewrites them at `C_Login`, and a recovery that did so while
+    /// `signctl keys import` read its key back made that import report the
+    /// token gone (3 in 1,942 imports beside recoveries, when measured).
+    /// - Parameter shouldStop: true once recovery is to stop (the token
+    ///   closing, ``HSMToken/stopRecovering()``): a wait should end then.
+    /// - Returns: the held lock, or nil when none was taken (the step goes
+    ///   ahead either way).
+    public var storageLock: (@Sendable (_ shouldStop: () -> Bool) -> (any AnyObject & Sendable)?)? = nil
 
     /// Default options.
     public init() {}
@@ -516,6 +532,8 @@ public final class HSMToken: @unchecked Sendable {
         }
         if wasRejected {
             do {
+                let storageHold = options.storageLock?({ [self] in recoveryHalted })
+                defer { withExtendedLifetime(storageHold) {} }
                 try login(afterGeneration: nil)
             } catch {
                 if !isPINFailure(error) { markDown(reason: error.returnValue?.name ?? error.code.rawValue) }
@@ -783,7 +801,7 @@ public final class HSMToken: @unchecked Sendable {
     ///   error, its message saying that `C_SetPIN` had returned `CKR_OK`.
     public func confirmPINStored() throws(HSMError) {
         do {
-            try reconnect(reinitialize: true, quietLogin: true)
+            try readBackFromStorage()
         } catch {
             let label = self.label
             let what: String
@@ -816,7 +834,38 @@ public final class HSMToken: @unchecked Sendable {
     /// - Throws: ``HSMError/Code/tokenNotFound`` when it is gone; ``HSMError``
     ///   from the reinitialization or the login.
     public func confirmTokenInStorage() throws(HSMError) {
-        try reconnect(reinitialize: true, quietLogin: true)
+        try readBackFromStorage()
+    }
+
+    /// How many times ``readBackFromStorage()`` reads the token before it
+    /// believes a failure.
+    static let readBackAttempts = 3
+    /// The pause between those reads, in microseconds.
+    static let readBackPauseMicroseconds: useconds_t = 250_000
+
+    /// `C_Finalize`, `C_Initialize`, the slot search and `C_Login`, for
+    /// signctl's read-backs, tried up to ``readBackAttempts`` times while
+    /// they fail other than on the PIN: another process's `C_Login`
+    /// rewriting SoftHSM's token file (a program that does not take
+    /// signctl's lock, or a signerd whose recovery gave up waiting for it)
+    /// makes a read meanwhile find the token uninitialized or its PIN not
+    /// initialized for a moment, and the read-back then reported the token
+    /// gone. A refused PIN is never tried again, since tokens lock after a
+    /// few wrong PINs. Call it only where this is the one token open on
+    /// the module.
+    /// - Throws: the last read's ``HSMError``; at once ``HSMError/Code/pinRejected``.
+    func readBackFromStorage() throws(HSMError) {
+        var attempt = 1
+        while true {
+            do {
+                try reconnect(reinitialize: true, quietLogin: true)
+                return
+            } catch where error.code != .pinRejected && attempt < Self.readBackAttempts {
+                attempt += 1
+                logger.debug("token_read_back_retry", ["attempt": .int(Int64(attempt)), "error": .string(error.returnValue?.name ?? error.code.rawValue)])
+                usleep(Self.readBackPauseMicroseconds)
+            }
+        }
     }
 
     /// Opens a read-write session outside the pool for key management.
@@ -1226,6 +1275,9 @@ public final class HSMToken: @unchecked Sendable {
                 state.withLock { $0.recovering = false }
                 return
             }
+            // Held for the whole step, released at the end of this iteration.
+            let storageHold = options.storageLock?({ [self] in recoveryHalted })
+            defer { withExtendedLifetime(storageHold) {} }
             // Escalate: new sessions and a fresh login first when the module
             // itself did not fail; C_Finalize + C_Initialize when it did or
             // when the lighter step failed, but never while a call is still

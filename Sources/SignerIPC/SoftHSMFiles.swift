@@ -75,8 +75,9 @@ public enum SoftHSMFiles {
         /// Held until the ``TokenLock`` is released.
         case held(TokenLock)
         /// Not locked: this user may not open (or create) the lock file,
-        /// so it cannot change the tokens either (`problem` nil); or the
-        /// lock file is not a plain file (`problem` says what it is).
+        /// so it cannot change the tokens either, or there is no token
+        /// directory (`problem` nil); or the lock file is not a plain file
+        /// (`problem` says what it is).
         case notApplicable(problem: String?)
         /// Another process held it for the whole timeout.
         /// - `holder`: "PID 1234 (signctl)" from /proc/locks, when found.
@@ -94,10 +95,11 @@ public enum SoftHSMFiles {
     /// SoftHSM tokens at once. SoftHSM rewrites a token's files at `C_Login`
     /// and at every write; another process reading them meanwhile saw the
     /// token uninitialized, objects gone, or `C_Login` fail with
-    /// `CKR_GENERAL_ERROR`. signerd takes the lock only while it starts
-    /// (from before `C_Initialize` until its socket is bound); once running it does not:
-    /// it waits out a key another process is replacing instead, and must
-    /// not stop signing while an operator's command runs.
+    /// `CKR_GENERAL_ERROR`. signerd takes the lock while it starts (from
+    /// before `C_Initialize` until its socket is bound), and once running
+    /// only for its token recovery, with a short wait (``RunningTokenLock``);
+    /// never for a request: it waits out a key another process is replacing
+    /// instead, and must not stop signing while an operator's command runs.
     ///
     /// The file has the token directory's owner and group and mode 0660:
     /// only who may write the tokens (that user, that group as in Debian's
@@ -169,6 +171,9 @@ public enum SoftHSMFiles {
             case EISDIR: return .failure(LockFileRefusal(problem: "\(path) is a directory, which SoftHSM takes for a token and writes into (remove it with rm -r)"))
             case ENXIO: return .failure(LockFileRefusal(problem: "\(path) is a socket"))
             case EACCES, EPERM, EROFS: return .failure(LockFileRefusal(problem: nil))  // this user may not write the tokens either
+            // No token directory (moved away during an outage, never made):
+            // no token files to protect, and opening the token says what is wrong.
+            case ENOENT, ENOTDIR: return .failure(LockFileRefusal(problem: nil))
             default: return .failure(LockFileRefusal(problem: "\(path) cannot be opened: \(String(cString: strerror(failure)))"))
             }
         }

@@ -127,6 +127,12 @@ func selfTest(_ keys: [KeyConfiguration], token: HSMToken, logger: Logger, stopp
 /// (90 s), and less than signctl's own wait (60 s).
 let startLockSeconds = 30.0
 
+/// How long a running signerd's token recovery (and a reload's login after
+/// a refused PIN) waits for another process's lock on the SoftHSM tokens,
+/// in seconds (``SoftHSMFiles/RunningTokenLock``): the token is down
+/// meanwhile, and a `signctl keys import` or `keys delete` is done well within it.
+let recoveryLockSeconds = 2.0
+
 /// Takes signctl's lock on SoftHSM's token directory
 /// (``SoftHSMFiles/lockTokens(in:timeout:shouldStop:waiting:)``) for the
 /// start: SoftHSM reads its token files at `C_Initialize` and rewrites them
@@ -139,7 +145,8 @@ let startLockSeconds = 30.0
 /// it (`token_lock_timeout`), since a daemon that does not start signs
 /// nothing. A `SIGTERM` or `SIGINT` (blocked, so pending) during the wait
 /// ends the start there, before the token is opened: `shutdown_requested`,
-/// `signerd_stopped`, exit 0. Once running, signerd never takes the lock:
+/// `signerd_stopped`, exit 0. Once running, signerd takes the lock only
+/// for its token recovery (``recoveryLockSeconds``), never for a request:
 /// an operator's command must not stop it signing.
 /// - Parameters:
 ///   - tokenURI: `token_uri` from the configuration.
@@ -310,6 +317,12 @@ func runDaemon() -> Never {
     tokenOptions.sessionPoolSize = configuration.sessionPoolSize
     tokenOptions.sessionCheckoutTimeout = Double(configuration.sessionCheckoutTimeoutMs) / 1000
     tokenOptions.logger = logger
+    // Recovery's C_Initialize and C_Login wait for signctl's lock, once the start lock is let go.
+    let runningLock = SoftHSMFiles.RunningTokenLock(module: (try? PKCS11URI(configuration.tokenURI)).flatMap { $0.modulePath ?? $0.moduleName },
+                                                    timeout: recoveryLockSeconds, logger: logger)
+    if let runningLock {
+        tokenOptions.storageLock = { shouldStop in runningLock.take(shouldStop: shouldStop) }
+    }
     let token: HSMToken
     do {
         token = try HSMToken(uri: PKCS11URI(configuration.tokenURI), options: tokenOptions)
@@ -366,6 +379,7 @@ func runDaemon() -> Never {
     }
     let listeningPath = UnixListener.boundPath(listener) ?? configuration.socketPath
     withExtendedLifetime(startLock) { startLock = nil }
+    runningLock?.arm()
     // Recognized at shutdown: a file someone put at the path later is not removed.
     let boundFile = socketActivated ? nil : UnixListener.fileIdentity(configuration.socketPath)
     func removeSocketFile() {

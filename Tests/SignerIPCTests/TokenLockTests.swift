@@ -1,4 +1,5 @@
 import Foundation
+import HSMSigner
 import SignerIPC
 import TestSupport
 import Testing
@@ -88,5 +89,88 @@ struct TokenLockTests {
         #expect(String(describing: refused).contains("Permission denied"), "\(String(describing: refused))")
         // The same command as root takes it: the refusal above is the file's mode, nothing else.
         try run(["/usr/bin/flock", "-n", directory + "/" + SoftHSMFiles.lockFileName, "true"])
+    }
+
+    @Test("a missing token directory (moved away in an outage) is no lock and no problem to report")
+    func missingDirectory() {
+        let directory = TemporaryDirectory.make(prefix: "signerd-token-lock") + "/tokens"
+        guard case .notApplicable(nil) = SoftHSMFiles.lockTokens(in: directory, timeout: 0.1, waiting: { _ in Issue.record("waited") }) else {
+            Issue.record("a missing directory was reported as a problem, or locked")
+            return
+        }
+        #expect(!FileManager.default.fileExists(atPath: directory), "nothing was made in its place")
+    }
+}
+
+/// The lock as a running signerd takes it around its token recovery
+/// (`TokenOptions.storageLock`): only once armed, a short wait, logged at
+/// most once a minute.
+@Suite("SoftHSM token lock, taken by a running signerd's recovery")
+struct RunningTokenLockTests {
+    func count(_ message: String, in lines: LineCollector) -> Int {
+        lines.lines.filter { $0.contains("\"msg\":\"\(message)\"") }.count
+    }
+
+    @Test("before arm() it takes nothing (the start lock is still held); armed, it takes the lock, which another taker then finds held")
+    func armedOnly() {
+        let directory = TemporaryDirectory.make(prefix: "signerd-running-lock")
+        let lines = LineCollector()
+        let running = SoftHSMFiles.RunningTokenLock(directory: directory, timeout: 0.5, logger: Logger { lines.append($0) })
+        // The start lock, held by signerd itself until its socket is bound: taking it again would wait for itself.
+        let start = TokenLockTests.hold(directory)
+        #expect(running.take(shouldStop: { false }) == nil)
+        #expect(lines.lines.isEmpty, "no wait before arm(): \(lines.lines)")
+        close(start)
+        running.arm()
+        let held = running.take(shouldStop: { false })
+        #expect(held != nil)
+        if case .held = SoftHSMFiles.lockTokens(in: directory, timeout: 0.1, waiting: { _ in }) {
+            Issue.record("signctl took the lock while recovery held it")
+        }
+        withExtendedLifetime(held) {}
+        #expect(lines.lines.isEmpty, "\(lines.lines)")
+    }
+
+    /// An armed lock on a new directory, its log, and the lock held by "another process".
+    func armedAndHeld(timeout: Double) -> (SoftHSMFiles.RunningTokenLock, LineCollector, Int32) {
+        let directory = TemporaryDirectory.make(prefix: "signerd-running-lock")
+        let lines = LineCollector()
+        let running = SoftHSMFiles.RunningTokenLock(directory: directory, timeout: timeout, logger: Logger { lines.append($0) })
+        running.arm()
+        return (running, lines, TokenLockTests.hold(directory))
+    }
+
+    @Test("another holder: recovery waits up to its timeout, then goes ahead without; the wait and timeout are logged once a minute, with the holder")
+    func waitsThenGoesAhead() {
+        let (running, lines, holder) = armedAndHeld(timeout: 0.3)
+        let started = Date()
+        #expect(running.take(shouldStop: { false }) == nil)
+        #expect(Date().timeIntervalSince(started) >= 0.3, "it waited for the holder first")
+        #expect(running.take(shouldStop: { false }) == nil)
+        #expect(count("token_lock_wait", in: lines) == 1 && count("token_lock_timeout", in: lines) == 1, "once each in a minute: \(lines.lines)")
+        #expect(lines.lines.allSatisfy { $0.contains("\"during\":\"recovery\"") && $0.contains("\"holder\":\"PID \(getpid())") }, "\(lines.lines)")
+        // Told to stop (the token closing), it ends the wait at once.
+        let stopping = Date()
+        #expect(running.take(shouldStop: { true }) == nil)
+        #expect(Date().timeIntervalSince(stopping) < 0.3)
+        close(holder)
+        #expect(running.take(shouldStop: { false }) != nil, "taken once free")
+    }
+
+    @Test("released within the wait, the lock is taken and the step goes ahead holding it")
+    func takenOnceReleased() {
+        let (running, lines, holder) = armedAndHeld(timeout: 5)
+        let releaser = Thread {
+            usleep(300_000)
+            close(holder)
+        }
+        releaser.start()
+        #expect(running.take(shouldStop: { false }) != nil)
+        #expect(count("token_lock_wait", in: lines) == 1 && count("token_lock_timeout", in: lines) == 0, "\(lines.lines)")
+    }
+
+    @Test("a module that is not SoftHSM has no lock")
+    func notSoftHSM() {
+        #expect(SoftHSMFiles.RunningTokenLock(module: "/usr/lib/x86_64-linux-gnu/pkcs11/p11-kit-client.so", timeout: 1, logger: Logger()) == nil)
     }
 }
