@@ -453,9 +453,10 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
 
         Endpoints: \(LoadGenerator.Endpoint.allCases.map(\.rawValue).joined(separator: ", ")). Defaults: --concurrency 8 --duration 10 (seconds, at most 86400).
         Exit 0 when every request succeeded, 69 when any failed (the report counts them by code: the daemon's
-        error code, http_STATUS, malformed_signature, invalid_signature with --verify, or socket_ERRNO such as
-        socket_ECONNREFUSED, socket_timeout (30 s without an answer), socket_closed and socket_protocol when the
-        socket itself failed). A request in flight is waited for up to those 30 s, so a daemon that hangs can
+        error code, http_STATUS, malformed_signature, short_signature (a valid DER signature under the documented
+        70 bytes, which signerd returns only when signing again failed, as in an outage), invalid_signature with
+        --verify, or socket_ERRNO such as socket_ECONNREFUSED, socket_timeout (30 s without an answer),
+        socket_closed and socket_protocol when the socket itself failed). A request in flight is waited for up to those 30 s, so a daemon that hangs can
         make a run last that much longer than --duration.
         """)
         return .success

@@ -33,6 +33,36 @@ struct BenchCheckTests {
     }
 }
 
+/// A 200 whose signature bench could not read, and one that is a valid DER
+/// signature shorter than the documented 70 bytes (signerd returns one only
+/// when signing again failed, as in an outage), were one bucket,
+/// `malformed_signature`: an attack round's report could not tell a bug
+/// from the documented outage case.
+@Suite("signctl bench: a short signature is not a malformed one")
+struct BenchShortSignatureTests {
+    func response(signature: String) -> ClientResponse {
+        let body = #"{"key_id":"ABC123DEFG","nonce":"e4a1b2c3-d5e6-4f70-8192-a3b4c5d6e7f8","signature":"\#(signature)","timestamp":1790800914034}"#
+        return ClientResponse(status: 200, headers: [:], body: Array(body.utf8))
+    }
+
+    @Test("valid DER under 70 bytes is short_signature; 70–72 bytes passes; what is not DER, or not Base64, is malformed_signature")
+    func shortCountedApart() throws {
+        let generator = LoadGenerator(socketPath: "/nonexistent", endpoint: .promotionalOffer, concurrency: 1, length: .requests(1), verify: false)
+        func checked(_ raw: [UInt8]) throws -> String? {
+            let der = try ECDSASignature.der(fromRaw: raw, curve: .p256)
+            return generator.check(response(signature: Data(der).base64EncodedString()), bundleID: "com.example.app", publicKeys: nil)
+        }
+        let full = [UInt8](repeating: 0x7f, count: 64)           // r and s of 32 bytes each: DER 70 bytes
+        #expect(try checked(full) == nil)
+        #expect(try checked([0x80] + [UInt8](repeating: 1, count: 31) + [0x80] + [UInt8](repeating: 1, count: 31)) == nil, "72 bytes")
+        let shortR = [0x00] + [UInt8](repeating: 0x7f, count: 63)  // r under 2²⁴⁸: DER 69 bytes
+        #expect(try ECDSASignature.der(fromRaw: shortR, curve: .p256).count == 69)
+        #expect(try checked(shortR) == "short_signature")
+        #expect(generator.check(response(signature: Data(repeating: 0x30, count: 70).base64EncodedString()), bundleID: "com.example.app", publicKeys: nil) == "malformed_signature")
+        #expect(generator.check(response(signature: "not base64!"), bundleID: "com.example.app", publicKeys: nil) == "malformed_signature")
+    }
+}
+
 /// A stall that ends in errors must show in the report: the latency
 /// statistics cover successful requests only, so a failed request's time
 /// was counted nowhere (745 errors during a 7-s SIGSTOP, max latency 22 ms).
