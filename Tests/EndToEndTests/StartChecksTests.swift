@@ -659,24 +659,15 @@ struct OpenFileLimitTests {
 struct StartTokenLockTests {
     @Test("a running signerd's recovery waits for another process's lock before its C_Initialize and C_Login, and recovers once it is free")
     func recoveryWaitsForTheLock() throws {
-        let daemon = try DaemonHarness()
-        try daemon.writeConfig(["token_check_seconds": 1])
-        try daemon.start()
+        let daemon = try checkingDaemon()
         defer { _ = daemon.stop() }
-        let tokens = daemon.directory + "/hsm/tokens"
         // Opened before the directory goes, so it is the same file when the directory is back.
         let lock = try HeldLock(daemon)
-        var released = false
-        defer { if !released { lock.release() } }
-        try FileManager.default.moveItem(atPath: tokens, toPath: tokens + ".away")
-        var back = false
-        defer { if !back { try? FileManager.default.moveItem(atPath: tokens + ".away", toPath: tokens) } }
-        try #require(!daemon.logged(within: 10) { $0.contains("\"token_down\"") }.isEmpty, "\(daemon.log.suffix(5))")
-        // While the directory is away there is no lock file to take, and nothing is logged about it.
-        usleep(500_000)
-        #expect(!daemon.log.contains { $0.contains("\"token_lock_unusable\"") }, "\(daemon.log.suffix(5))")
-        try FileManager.default.moveItem(atPath: tokens + ".away", toPath: tokens)
-        back = true
+        try outage(daemon) {
+            // While the directory is away there is no lock file to take, and nothing is logged about it.
+            usleep(500_000)
+            #expect(!daemon.log.contains { $0.contains("\"token_lock_unusable\"") }, "\(daemon.log.suffix(5))")
+        }
         let waited = daemon.logged(within: 10) { $0.contains("\"token_lock_wait\"") && $0.contains("\"during\":\"recovery\"") }
         try #require(waited.count == 1, "recovery did not wait for the lock: \(daemon.log.suffix(8))")
         #expect(waited.first?.contains("PID \(getpid()) (") == true, "\(waited)")
@@ -684,7 +675,6 @@ struct StartTokenLockTests {
         usleep(800_000)
         #expect(!daemon.log.contains { $0.contains("\"token_up\"") }, "recovered while another process held the lock: \(daemon.log.suffix(5))")
         lock.release()
-        released = true
         #expect(!daemon.logged(within: 10) { $0.contains("\"token_up\"") }.isEmpty, "\(daemon.log.suffix(5))")
         #expect(!daemon.log.contains { $0.contains("\"token_lock_timeout\"") }, "\(daemon.log.suffix(5))")
         let request = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
@@ -720,6 +710,42 @@ struct StartTokenLockTests {
         #expect(listed.status == 0 && !listed.stderr.contains("waiting: another process"), "\(listed.stderr)")
     }
 
+    @Test("a reload's login after a refused PIN waits for another process's lock too, then logs in (token_up, pin_reloaded)")
+    func reloadLoginWaitsForTheLock() throws {
+        let daemon = try checkingDaemon()
+        defer { _ = daemon.stop() }
+        let pinFile = try CheckConfigTests().pinPath(daemon)
+        let rightPIN = try String(contentsOfFile: pinFile, encoding: .utf8)
+        // A wrong PIN, first sent at the login after an outage; the token refuses it.
+        try writeSecretFile(pinFile, "not-the-pin-0000\n")
+        daemon.send(SIGHUP)
+        try #require(!daemon.logged { $0.contains("\"pin_changed\"") }.isEmpty, "\(daemon.log.suffix(5))")
+        try outage(daemon) {}
+        try #require(!daemon.logged(within: 15) { $0.contains("\"pin_rejected\"") }.isEmpty, "\(daemon.log.suffix(5))")
+        let lock = try HeldLock(daemon)
+        try writeSecretFile(pinFile, rightPIN)
+        daemon.send(SIGHUP)
+        let waited = daemon.logged(within: 10) { $0.contains("\"token_lock_wait\"") && $0.contains("\"during\":\"recovery\"") }
+        try #require(waited.count == 1, "the reload's login did not wait for the lock: \(daemon.log.suffix(8))")
+        usleep(800_000)
+        let reloaded = { daemon.log.contains { $0.contains("\"token_up\"") && $0.contains("\"pin_reloaded\"") } }
+        #expect(!reloaded(), "logged in while another process held the lock: \(daemon.log.suffix(5))")
+        lock.release()
+        #expect(poll(seconds: 10, reloaded), "\(daemon.log.suffix(5))")
+        let request = #"{"bundle_id":"com.example.app","product_id":"p","offer_id":"o"}"#
+        #expect(daemon.verifies(try daemon.client().send("POST", "/v1/sign/promotional-offer", body: Array(request.utf8))))
+    }
+
+    /// Moves `daemon`'s token directory away until signerd logs
+    /// `token_down`, runs `whileAway`, and puts it back.
+    func outage(_ daemon: DaemonHarness, whileAway: () throws -> Void) throws {
+        let tokens = daemon.directory + "/hsm/tokens"
+        try FileManager.default.moveItem(atPath: tokens, toPath: tokens + ".away")
+        defer { try? FileManager.default.moveItem(atPath: tokens + ".away", toPath: tokens) }
+        try #require(!daemon.logged(within: 10) { $0.contains("\"token_down\"") }.isEmpty, "\(daemon.log.suffix(5))")
+        try whileAway()
+    }
+
     /// A signerd process of its own, its stderr in a file.
     final class RawDaemon {
         let process = Process()
@@ -747,15 +773,31 @@ struct StartTokenLockTests {
         }
     }
 
-    /// Holds signctl's lock on `daemon`'s token directory until `release()`.
+    /// Holds signctl's lock on `daemon`'s token directory until `release()`
+    /// (once; again does nothing) or until it is released itself.
     final class HeldLock: Sendable {
-        let descriptor: Int32
+        private let descriptor: Mutex<Int32>
         init(_ daemon: DaemonHarness) throws {
-            descriptor = open(StartTokenLockTests.lockPath(daemon), O_RDWR | O_CREAT | O_CLOEXEC, 0o660)
-            try #require(descriptor >= 0)
-            try #require(flock(descriptor, LOCK_EX) == 0)
+            let opened = open(StartTokenLockTests.lockPath(daemon), O_RDWR | O_CREAT | O_CLOEXEC, 0o660)
+            try #require(opened >= 0)
+            try #require(flock(opened, LOCK_EX) == 0)
+            descriptor = Mutex(opened)
         }
-        func release() { close(descriptor) }
+        func release() {
+            descriptor.withLock { held in
+                if held >= 0 { close(held) }
+                held = -1
+            }
+        }
+        deinit { release() }
+    }
+
+    /// A started signerd that checks its idle token every second, so that an outage is found without a request.
+    func checkingDaemon() throws -> DaemonHarness {
+        let daemon = try DaemonHarness()
+        try daemon.writeConfig(["token_check_seconds": 1])
+        try daemon.start()
+        return daemon
     }
 
     /// signctl's lock file in `daemon`'s SoftHSM token directory.
