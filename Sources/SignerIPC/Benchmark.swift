@@ -451,7 +451,7 @@ public struct LoadGenerator: Sendable {
             if code == EAGAIN || code == EWOULDBLOCK { return "socket_timeout" }
             return "socket_" + (CSignerShim_errno_name(code).map { String(cString: $0) } ?? "errno_\(code)")
         }
-        return error.message.contains("closed the connection") ? "socket_closed" : "socket_protocol"
+        return error.peerClosed != nil ? "socket_closed" : "socket_protocol"
     }
 
     /// nil when the response is a 200 with a well-formed (and, with a key, valid) signature.

@@ -85,7 +85,7 @@ public final class SignerClient {
             return try exchange(request)
         } catch {
             close()
-            guard reused, error.errno == EPIPE || error.errno == ECONNRESET || error.message.hasSuffix("closed the connection") else { throw error }
+            guard reused, error.errno == EPIPE || error.errno == ECONNRESET || error.peerClosed == .beforeResponse else { throw error }
             return try exchange(request)
         }
     }
@@ -122,7 +122,8 @@ public final class SignerClient {
                 throw SocketError("the response's head is longer than \(Self.maximumHeadBytes) bytes: the socket's server is not signerd")
             }
             if try fill(connection) == 0 {
-                throw SocketError(sawBytes ? "the daemon closed the connection mid-response" : "the daemon closed the connection")
+                throw sawBytes ? SocketError("the daemon closed the connection mid-response", peerClosed: .midResponse)
+                               : SocketError("the daemon closed the connection", peerClosed: .beforeResponse)
             }
             sawBytes = true
         }
@@ -131,7 +132,7 @@ public final class SignerClient {
         let length = try Self.contentLength(head.headers["content-length"])
         while buffer.count < length {
             if try fill(connection) == 0 {
-                throw SocketError("the daemon closed the connection mid-response")
+                throw SocketError("the daemon closed the connection mid-response", peerClosed: .midResponse)
             }
         }
         let body = Array(buffer[0..<length])

@@ -12,9 +12,21 @@ public struct SocketError: Error, Sendable, CustomStringConvertible {
     public var message: String
     /// The `errno` value, when one applies.
     public var errno: Int32?
+    /// Where the peer closed the connection (a read returned 0), when that is what failed.
+    public var peerClosed: PeerClosed?
 
-    init(_ message: String, errno code: Int32? = nil) {
+    /// Where in an exchange the peer closed the connection.
+    public enum PeerClosed: Sendable {
+        /// Before any byte of the response: a kept-alive connection the
+        /// server had closed meanwhile, which a client may retry.
+        case beforeResponse
+        /// After part of the response.
+        case midResponse
+    }
+
+    init(_ message: String, errno code: Int32? = nil, peerClosed: PeerClosed? = nil) {
         self.errno = code
+        self.peerClosed = peerClosed
         self.message = code.map { "\(message): \(String(cString: strerror($0)))" } ?? message
     }
 
