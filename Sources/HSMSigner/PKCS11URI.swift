@@ -38,6 +38,11 @@ public final class PKCS11URI: @unchecked Sendable, CustomStringConvertible {
     public let modulePath: String?
     /// `module-name`, if given.
     public let moduleName: String?
+    /// The module as the URI names it (RFC 7512's `module-path` and
+    /// `module-name` query attributes): `module-path` when given, else
+    /// `module-name`, else nil. For the checks made on a module before it
+    /// is loaded (is it SoftHSM, where are its tokens).
+    public var module: String? { modulePath ?? moduleName }
     /// `pin-source`, if given.
     public let pinSource: String?
     /// Whether the URI carries the PIN itself (`pin-value`).

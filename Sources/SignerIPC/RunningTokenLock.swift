@@ -30,17 +30,6 @@ extension SoftHSMFiles {
         private let timeouts = LogThrottle(linesPerWindow: 1, windowSeconds: 60)
         private let unusable = LogThrottle(linesPerWindow: 1, windowSeconds: 60)
 
-        /// The lock for a token's module, or nil when the module is not
-        /// SoftHSM (``tokenDirectory(module:)``).
-        /// - Parameters:
-        ///   - module: `module-path` or `module-name` of the token URI.
-        ///   - timeout: the longest wait, in seconds.
-        ///   - logger: where waits and timeouts are logged.
-        public convenience init?(module: String?, timeout: Double, logger: Logger) {
-            guard let directory = SoftHSMFiles.tokenDirectory(module: module) else { return nil }
-            self.init(directory: directory, timeout: timeout, logger: logger)
-        }
-
         /// The lock of a SoftHSM token directory.
         /// - Parameters:
         ///   - directory: the token directory (``SoftHSMFiles/tokenDirectory(module:)``).

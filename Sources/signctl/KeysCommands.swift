@@ -127,7 +127,7 @@ func operatorLogger() -> Logger {
 /// ``refuseRootOnOthersSoftHSMTokens(module:rerun:)``.
 func openTokenForWriting(_ config: SignerConfiguration, configPath: String) throws -> HSMToken {
     let uri = try PKCS11URI(config.tokenURI)
-    try refuseRootOnOthersSoftHSMTokens(module: uri.modulePath ?? uri.moduleName, rerun: "signctl --config \(configPath) …")
+    try refuseRootOnOthersSoftHSMTokens(module: uri.module, rerun: "signctl --config \(configPath) …")
     return try openToken(config, configPath: configPath, options: operatorTokenOptions())
 }
 
@@ -196,9 +196,9 @@ func stillInStorage(_ token: HSMToken, fileSizeLimit: UInt64?) throws -> HSMToke
 ///   of ``HSMToken/init(uri:options:)``.
 func openToken(_ config: SignerConfiguration, configPath: String, options: TokenOptions) throws -> HSMToken {
     let uri = try PKCS11URI(config.tokenURI)
-    try lockSoftHSMTokens(module: uri.modulePath ?? uri.moduleName)
+    try lockSoftHSMTokens(module: uri.module)
     let fileSizeLimit = ProcessControl.raiseFileSizeLimit()
-    if let limit = fileSizeLimit, let problem = SoftHSMFiles.loginWouldCut(limit: limit, module: uri.modulePath ?? uri.moduleName) {
+    if let limit = fileSizeLimit, let problem = SoftHSMFiles.loginWouldCut(limit: limit, module: uri.module) {
         throw CommandFailure(.config, "file_size_limit: \(problem)", hint: "ulimit -f unlimited (in the shell signctl runs from), or remove LimitFSIZE= from the unit",
                              errorCode: "file_size_limit")
     }
@@ -211,14 +211,14 @@ func openToken(_ config: SignerConfiguration, configPath: String, options: Token
     } catch let error as HSMError where error.code == .tokenNotFound || (error.code == .pkcs11Failure && error.function == PKCS11Function.initialize.rawValue) {
         // For SoftHSM, a token this user cannot read (made as root) is listed
         // as uninitialized, and a token directory it cannot read fails C_Initialize.
-        let unreadable = SoftHSMFiles.unreadableTokens(module: uri.modulePath ?? uri.moduleName)
+        let unreadable = SoftHSMFiles.unreadableTokens(module: uri.module)
         throw CommandFailure(error, hint: [unreadable, hint(for: error)].compactMap { $0 }.joined(separator: ". Otherwise: "))
     } catch let error as HSMError where error.code == .pinRejected {
         // Which PIN the token refused, by where it came from: the path, never the PIN.
         let source = uri.pinSource.flatMap(PKCS11URI.pinFilePath).map { "the PIN file \($0)" } ?? "the pin-value"
         // SoftHSM finds tokens through SOFTHSM2_CONF: the quick start's and a
         // service's token may share a label, and the PIN then went to the other.
-        let module = uri.modulePath ?? uri.moduleName
+        let module = uri.module
         let softHSM = SoftHSMFiles.tokenDirectory(module: module).map { directory in
             "; SoftHSM looked in \(directory) (" + (ProcessInfo.processInfo.environment["SOFTHSM2_CONF"].map { "SOFTHSM2_CONF is \($0)" } ?? "SOFTHSM2_CONF is not set")
                 + "): if that is not the token this configuration is for, a token there with the same label got the PIN, and export SOFTHSM2_CONF=<its softhsm2.conf> first"

@@ -149,14 +149,14 @@ let recoveryLockSeconds = 2.0
 /// for its token recovery (``recoveryLockSeconds``), never for a request:
 /// an operator's command must not stop it signing.
 /// - Parameters:
-///   - tokenURI: `token_uri` from the configuration.
+///   - directory: SoftHSM's token directory (``SoftHSMFiles/tokenDirectory(module:)``),
+///     nil for a module that is not SoftHSM.
 ///   - logger: where the wait and a lock file signerd cannot use are logged.
 /// - Returns: the lock, to release once the socket is bound; nil
 ///   for a module that is not SoftHSM, a lock file this user may not open
 ///   (nor write the tokens), or a wait that ran out.
-func lockSoftHSMForStart(tokenURI: String, logger: Logger) -> SoftHSMFiles.TokenLock? {
-    let uri = try? PKCS11URI(tokenURI)
-    guard let directory = SoftHSMFiles.tokenDirectory(module: uri.flatMap { $0.modulePath ?? $0.moduleName }) else { return nil }
+func lockSoftHSMForStart(directory: String?, logger: Logger) -> SoftHSMFiles.TokenLock? {
+    guard let directory else { return nil }
     let stopSignals = [SIGTERM, SIGINT]
     let outcome = SoftHSMFiles.lockTokens(in: directory, timeout: startLockSeconds, shouldStop: { ProcessControl.pendingSignal(among: stopSignals) != nil }) { holder in
         logger.warning("token_lock_wait", ["token.directory": .string(directory), "holder": .string(holder ?? "unknown"),
@@ -187,7 +187,7 @@ func lockSoftHSMForStart(tokenURI: String, logger: Logger) -> SoftHSMFiles.Token
 func fileSizeLimitCheck(tokenURI: String) -> (bytes: UInt64, fatal: String?)? {
     guard let bytes = ProcessControl.raiseFileSizeLimit() else { return nil }
     let uri = try? PKCS11URI(tokenURI)
-    return (bytes, uri.flatMap { SoftHSMFiles.loginWouldCut(limit: bytes, module: $0.modulePath ?? $0.moduleName) })
+    return (bytes, uri.flatMap { SoftHSMFiles.loginWouldCut(limit: bytes, module: $0.module) })
 }
 
 /// The daemon: everything after the process starts, in a function rather
@@ -305,7 +305,9 @@ func runDaemon() -> Never {
     // Held from before C_Initialize until the socket is bound: another
     // signerd on the same socket_path, which waited for it, then finds this
     // one listening and is refused before its C_Login.
-    var startLock = lockSoftHSMForStart(tokenURI: configuration.tokenURI, logger: logger)
+    // Read once from SoftHSM's configuration, for the start's lock and recovery's.
+    let softHSMTokens = SoftHSMFiles.tokenDirectory(module: (try? PKCS11URI(configuration.tokenURI))?.module)
+    var startLock = lockSoftHSMForStart(directory: softHSMTokens, logger: logger)
     if startLock != nil, passedListener == nil {
         do {
             try UnixListener.refuseIfListening(path: configuration.socketPath)
@@ -318,8 +320,7 @@ func runDaemon() -> Never {
     tokenOptions.sessionCheckoutTimeout = Double(configuration.sessionCheckoutTimeoutMs) / 1000
     tokenOptions.logger = logger
     // Recovery's C_Initialize and C_Login wait for signctl's lock, once the start lock is let go.
-    let runningLock = SoftHSMFiles.RunningTokenLock(module: (try? PKCS11URI(configuration.tokenURI)).flatMap { $0.modulePath ?? $0.moduleName },
-                                                    timeout: recoveryLockSeconds, logger: logger)
+    let runningLock = softHSMTokens.map { SoftHSMFiles.RunningTokenLock(directory: $0, timeout: recoveryLockSeconds, logger: logger) }
     if let runningLock {
         tokenOptions.storageLock = { shouldStop in runningLock.take(shouldStop: shouldStop) }
     }
@@ -346,7 +347,7 @@ func runDaemon() -> Never {
         case let code where code == .tokenNotFound || (code == .pkcs11Failure && error.function == PKCS11Function.initialize.rawValue):
             // For SoftHSM, a token this user cannot read (made as root) looks
             // uninitialized, and a token directory it cannot read fails C_Initialize.
-            let module = uri.flatMap { $0.modulePath ?? $0.moduleName }
+            let module = uri?.module
             hint = SoftHSMFiles.unreadableTokens(module: module) ?? SoftHSMFiles.tokenMissingHint(module: module)
         default:
             hint = nil
