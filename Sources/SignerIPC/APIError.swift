@@ -82,6 +82,11 @@ public struct APIError: Error, Sendable, Equatable, CustomStringConvertible {
     /// quotes it, so that a request type can say its field's own range
     /// instead (``FieldReader/init(json:allowed:exactNumbers:integerRanges:)``).
     var numberSent: String?
+    /// Whether the error says the key on the token is unusable (HSM
+    /// `key_invalid`: not P-256, two private keys under one key ID, no
+    /// public key object), so that `/v1/offers` answers each offer 7234
+    /// ("no usable In-App Purchase key") instead of failing the batch.
+    var keyUnusable = false
 
     /// Makes an error.
     /// - Parameters:

@@ -703,6 +703,14 @@ public final class SignerService: HTTPHandler, Sendable {
             var api = APIError(.hsmUnavailable, "the HSM cannot sign right now (\(error.returnValue?.name ?? error.code.rawValue)); retry later")
             api.retryAfter = max(1, Int((error.retryAfter ?? 1).rounded(.up)))
             return api
+        case .keyInvalid:
+            logger.error("sign_error", ["key.id": .string(keyID), "error": .string(error.code.rawValue), "detail": .string(error.message)])
+            // The token's own account of what is wrong with the key (key IDs,
+            // the token label, what to import): no secret, and what the
+            // caller's operator needs.
+            var api = APIError(.internalError, "key \(keyID) is unusable on the token: \(error.message)")
+            api.keyUnusable = true
+            return api
         default:
             logger.error("sign_error", ["key.id": .string(keyID), "error": .string(error.code.rawValue), "detail": .string(error.message)])
             return APIError(.internalError, "key \(keyID) cannot sign: \(error.code)")
@@ -839,8 +847,9 @@ public final class SignerService: HTTPHandler, Sendable {
 
     /// `POST /v1/offers` (RevenueCat SDK batch): each offer succeeds or fails
     /// on its own: 7226 for an entry that breaks a field rule (the message
-    /// names the field), 7234 when no usable key serves the bundle. A
-    /// malformed request (bundle ID, `app_user_id`, the array itself, an
+    /// names the field), 7234 when no usable key serves the bundle (none
+    /// configured or chosen, not on the token, or unusable there:
+    /// HSM `key_invalid`). A malformed request (bundle ID, `app_user_id`, the array itself, an
     /// unknown member in any entry) or an unavailable HSM fails the whole
     /// request.
     func signOffers(_ request: HTTPRequest, _ config: SignerConfiguration) throws(APIError) -> OffersResponse {
@@ -855,6 +864,11 @@ public final class SignerService: HTTPHandler, Sendable {
             throw APIError(error)
         }
         let key = try? resolveKey(bundleID: fields.bundleID, keyID: nil, peer: request.peer, config)
+        // Set once the key turns out to be missing from the token or
+        // unusable: every offer shares the key, so the rest get the same
+        // answer without asking the token again.
+        let noKey = OffersResponse.SignatureError(code: OffersResponse.noKeyCode, message: "no In-App Purchase key for this app")
+        var keyProblem: OffersResponse.SignatureError? = key == nil ? noKey : nil
         var results: [OffersResponse.Offer] = []
         for offer in fields.generateOffers {
             if let problem = offer.problem {
@@ -862,9 +876,8 @@ public final class SignerService: HTTPHandler, Sendable {
                                      signatureError: .init(code: OffersResponse.invalidOfferCode, message: problem.message)))
                 continue
             }
-            guard let key else {
-                results.append(.init(keyID: nil, offerID: offer.offerID, productID: offer.productID, signatureData: nil,
-                                     signatureError: .init(code: OffersResponse.noKeyCode, message: "no In-App Purchase key for this app")))
+            guard let key, keyProblem == nil else {
+                results.append(.init(keyID: nil, offerID: offer.offerID, productID: offer.productID, signatureData: nil, signatureError: keyProblem))
                 continue
             }
             do {
@@ -877,9 +890,10 @@ public final class SignerService: HTTPHandler, Sendable {
                 results.append(.init(keyID: key.keyID, offerID: offer.offerID, productID: offer.productID,
                                      signatureData: .init(nonce: signed.nonce, signature: signed.signature, timestamp: signed.timestamp),
                                      signatureError: nil))
-            } catch let error as APIError where error.code == .keyNotFound {
-                results.append(.init(keyID: nil, offerID: offer.offerID, productID: offer.productID, signatureData: nil,
-                                     signatureError: .init(code: OffersResponse.noKeyCode, message: "no In-App Purchase key for this app")))
+            } catch let error as APIError where error.code == .keyNotFound || error.keyUnusable {
+                // The contract's one message for 7234 (docs/API.md: the single-signature endpoints name the case).
+                keyProblem = noKey
+                results.append(.init(keyID: nil, offerID: offer.offerID, productID: offer.productID, signatureData: nil, signatureError: noKey))
             } catch let error as APIError {
                 throw error
             } catch {
