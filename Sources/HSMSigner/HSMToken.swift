@@ -494,7 +494,8 @@ public final class HSMToken: @unchecked Sendable {
     /// PIN): a PIN that differs from the one in use is logged as
     /// `pin_changed` (notice) when the token is up, since it is first sent
     /// at the next login (while the token is down, recovery's next login
-    /// sends it within seconds).
+    /// sends it within seconds); once, not again at each reload that reads
+    /// the same new PIN.
     /// A URI with `pin-value` is logged as `pin_value_in_uri`, as at start.
     /// - Parameter uri: the (possibly changed) token URI; only its PIN source is used.
     /// - Throws: the PIN source errors, or ``HSMError/Code/pinRejected`` if the
@@ -517,11 +518,13 @@ public final class HSMToken: @unchecked Sendable {
             throw error
         }
         // Against the PIN in use: a wrong PIN read and then the right one
-        // again is no change, since the wrong one was never sent.
+        // again is no change, since the wrong one was never sent. And
+        // against the PIN the previous reload read: the same new PIN read
+        // again is no news.
         let inUse = loggedInPIN.withLock { $0 }
         let changed = pin.withLock { current in
             defer { current = newPIN }
-            return !(inUse ?? current).hasSameBytes(as: newPIN)
+            return !(inUse ?? current).hasSameBytes(as: newPIN) && !current.hasSameBytes(as: newPIN)
         }
         let (wasRejected, wasUp): (Bool, Bool) = state.withLock { state in
             if case .pinRejected = state.status {

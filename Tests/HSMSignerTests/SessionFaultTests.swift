@@ -356,7 +356,7 @@ struct SessionFaultTests {
     /// new PIN showed only at the next login, after an outage, as an outage
     /// that did not end (an operator runbook audit). And a reload that put
     /// the PIN into the URI gave no `pin_value_in_uri`, which start gives.
-    @Test("a reload with another PIN while logged in: pin_changed, no C_Login; the same PIN, or the PIN in use again: nothing; pin-value: pin_value_in_uri")
+    @Test("a reload with another PIN while logged in: pin_changed, no C_Login; the same PIN, the same new PIN again, or the PIN in use again: nothing; pin-value: pin_value_in_uri")
     func pinChangedWhileLoggedIn() throws {
         let token = try SoftHSMFixture.shared.makeToken("pin-changed")
         let faults = FaultInjector()
@@ -377,6 +377,9 @@ struct SessionFaultTests {
         let changed = events("pin_changed")
         #expect(changed.count == 1, "\(lines.lines)")
         #expect(changed.first?.contains("\"level\":\"notice\"") == true && changed.first?.contains("next login") == true, "\(changed)")
+        // A CLI audit saw a second reload with the same new PIN log pin_changed again: nothing changed since the first.
+        try hsm.reloadPIN(from: other)
+        #expect(events("pin_changed").count == 1, "the same new PIN read again: \(lines.lines)")
         #expect(!lines.lines.joined().contains("another-pin") && !lines.lines.joined().contains(rightPIN), "a PIN reached the log")
         #expect(faults.calls(.login) == logins, "a logged-in reload sent the PIN to the token")
         #expect(events("pin_value_in_uri").isEmpty)
