@@ -412,6 +412,9 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     guard KeyID.isValid(keyID) else {
         throw UsageError("--key-id must be 10 characters A-Z0-9; got \(keyID)")
     }
+    if arguments.flag("force-key-id") && arguments.options["key-id"] == nil {
+        throw UsageError("--force-key-id needs --key-id: it lets a --key-id other than the file name's stand", hint: "pass --key-id ID with it, or leave both out to use \(keyID) from the file name")
+    }
     if let nameKeyID, nameKeyID != keyID, !arguments.flag("force-key-id") {
         throw UsageError("--key-id \(keyID) differs from the key ID \(nameKeyID) in the file name: Apple names the file it delivers after the key's ID, and a signature made under the wrong key ID is refused by the App Store",
                          hint: "leave out --key-id to use \(nameKeyID), or add --force-key-id if the file was renamed")
@@ -592,7 +595,7 @@ func exportablePublicKey(_ token: HSMToken, keyID: String) throws -> ECPublicKey
 func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     let arguments = try Arguments(words, options: [], flags: ["yes", "incomplete", "json"])
     if arguments.flag("help") {
-        print("usage: signctl keys delete KEY_ID --yes [--json]\n       signctl keys delete --incomplete --yes [--json]\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.\nWarns key_still_configured when the running signerd (GET /v1/keys on socket_path) still has KEY_ID in keys[];\nwhen no signerd answers there, when keys[] of the configuration file has it (and says so).\nWith --incomplete: removes the EC key objects that carry no key ID, label or curve, left by a write\nthat stopped half-way (keys list counts them); no other object is touched.")
+        print("usage: signctl keys delete KEY_ID --yes [--json]\n       signctl keys delete --incomplete --yes [--json]\n\nRemoves the key's private and public key objects. There is no undo: App Store Connect lets you download a key once.\nWarns key_still_configured when the running signerd (GET /v1/keys on socket_path) still has KEY_ID in keys[],\nor, when no signerd answers there, when keys[] of the configuration file has it (and says which it read).\nWith --incomplete: removes the EC key objects that carry no key ID, label or curve, left by a write\nthat stopped half-way (keys list counts them); no other object is touched.")
         return .success
     }
     if arguments.flag("incomplete") {

@@ -35,7 +35,7 @@ Daemon (talk to signerd over its Unix socket, socket_path in the config):
                          --allow-introductory-offer true|false [--key-id K] [--json]
   sign advanced-commerce-request --bundle-id B --request JSON_OBJECT [--key-id K] [--json]
   sign server-api-token --bundle-id B [--ttl-seconds 1..3600] [--key-id K] [--json]
-  bench [--concurrency N] [--duration S | --requests N] [--endpoint E] [--verify] [--json]
+  bench [--concurrency N] [--duration S | --requests N] [--endpoint E] [--key-id K] [--bundle-id B] [--verify] [--json]
   bench --direct [--concurrency N] [--duration S | --requests N] [--key-id K] [--verify] [--json]
                          load generator over the socket, or the in-process PKCS#11 baseline
 
@@ -160,8 +160,9 @@ func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: St
         rest.append(word)
         index += 1
     }
-    if jsonBeforeCommand {
-        // Right after the command's words: at the end, an option left
+    if jsonBeforeCommand && !rest.isEmpty {
+        // With no command, `signctl --json` is "no command given", not an
+        // unknown option. Right after the command's words: at the end, an option left
         // without its value (--offer-id) would take it as its value; and
         // never after a "--", behind which every word is a positional.
         let commandWords = ["health", "bench"].contains(rest.first ?? "") ? 1 : 2
@@ -169,7 +170,14 @@ func splitGlobalOptions(_ words: [String]) throws(UsageError) -> (configPath: St
         if let separator = rest.firstIndex(of: "--") { at = min(at, separator) }
         rest.insert("--json", at: at)
     }
-    return (given ?? ProcessInfo.processInfo.environment["SIGNERD_CONFIG"] ?? SignerConfiguration.defaultPath, rest)
+    return (given ?? configFromEnvironment() ?? SignerConfiguration.defaultPath, rest)
+}
+
+/// `SIGNERD_CONFIG`, unless unset or empty (`SIGNERD_CONFIG=` reads as
+/// unset, as shells and systemd's `Environment=` leave it; it was "cannot
+/// read the configuration file : No such file or directory").
+func configFromEnvironment() -> String? {
+    ProcessInfo.processInfo.environment["SIGNERD_CONFIG"].flatMap { $0.isEmpty ? nil : $0 }
 }
 
 /// "this user (uid U) may not read PATH (owner uid O, mode M)" for a
@@ -189,7 +197,7 @@ func loadConfiguration(_ path: String) throws -> SignerConfiguration {
         let exists = stat(path, &info) == 0
         let statError = exists ? 0 : errno
         // Where splitGlobalOptions took the path from: --config wins over SIGNERD_CONFIG over the default.
-        let environment = ProcessInfo.processInfo.environment["SIGNERD_CONFIG"]
+        let environment = configFromEnvironment()
         let source = path == environment ? "SIGNERD_CONFIG" : path == SignerConfiguration.defaultPath ? "the default" : "--config"
         let hint: String
         if !exists && statError == EACCES {
@@ -222,8 +230,11 @@ func runCommand(_ words: [String]) throws -> ExitCode {
     let commands = ["token": "init, change-pin", "keys": "import, list, export-public, delete",
                     "sign": "promotional-offer, promotional-offer-v2, introductory-offer-eligibility, advanced-commerce-request, server-api-token",
                     "verify": "promotional-offer, jws"]
-    if let names = commands[noun], verb.isEmpty {
-        throw UsageError("signctl \(noun) needs a command: \(names)", hint: "run signctl \(noun) --help for usage")
+    // `signctl keys`, and `signctl --json keys` or `signctl keys --json list`
+    // (an option where the command goes): name the commands, not "unknown command keys --json".
+    if let names = commands[noun], verb.isEmpty || (verb.hasPrefix("-") && verb != "-h" && verb != "--help") {
+        let before = verb.isEmpty ? "" : " before its options (\(verb))"
+        throw UsageError("signctl \(noun) needs a command\(before): \(names)", hint: "run signctl \(noun) --help for usage")
     }
     if commands[noun] != nil, verb == "-h" || verb == "--help" {
         // `signctl keys --help`: the lines of the usage that belong to the noun.
@@ -250,7 +261,7 @@ func runCommand(_ words: [String]) throws -> ExitCode {
     case ("verify", "jws"): return try verifyJWS(tail)
     case ("bench", _): return try bench(Array(rest.dropFirst()), configPath: configPath)
     case ("token", _), ("keys", _), ("verify", _):
-        throw UsageError("unknown command \(noun) \(verb)")
+        throw UsageError("unknown command \(noun) \(verb)", hint: "signctl \(noun) commands: \(commands[noun] ?? ""); run signctl \(noun) --help for usage")
     default:
         // Before the command only --config, --json and --final-try are read.
         guard !noun.hasPrefix("-") else {

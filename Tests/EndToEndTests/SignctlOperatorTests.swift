@@ -132,7 +132,9 @@ struct SignctlUsageTests {
         (["token"], "error: signctl token needs a command: init, change-pin", "hint: run signctl token --help"),
         (["sign"], "error: signctl sign needs a command: promotional-offer,", "hint: run signctl sign --help"),
         (["verify"], "error: signctl verify needs a command: promotional-offer, jws", "hint: run signctl verify --help"),
-        (["keys", "rotate"], "error: unknown command keys rotate", "hint: "),
+        (["keys", "rotate"], "error: unknown command keys rotate", "hint: signctl keys commands: import, list, export-public, delete"),
+        // A CLI audit: an option where the command goes was "unknown command keys --yes".
+        (["keys", "--yes", "delete"], "error: signctl keys needs a command before its options (--yes): import, list,", "hint: run signctl keys --help"),
         // It said "unknown command --bogus".
         (["--bogus", "keys", "list"], "error: unknown option --bogus before the command", "hint: before the command: --config FILE, --json, --final-try"),
     ])
@@ -142,6 +144,25 @@ struct SignctlUsageTests {
         #expect(run.stdout.isEmpty, "\(run.stdout)")
         #expect(run.stderr.hasPrefix(error), "\(run.stderr)")
         #expect(run.stderr.contains("\n" + hint), "\(run.stderr)")
+    }
+
+    /// A CLI audit: `signctl --json` was "unknown option --json before the
+    /// command", and `signctl --json keys` or `signctl keys --json list`
+    /// "unknown command keys --json", where plain `signctl` and `signctl
+    /// keys` name what is missing.
+    @Test("--json with a missing command: the same error as without it, on stderr and as JSON on stdout", arguments: [
+        (["--json"], "no command given"),
+        (["--json", "keys"], "signctl keys needs a command before its options (--json): import, list, export-public, delete"),
+        (["keys", "--json", "list"], "signctl keys needs a command before its options (--json): import, list, export-public, delete"),
+        (["--json", "verify"], "signctl verify needs a command before its options (--json): promotional-offer, jws"),
+    ])
+    func missingCommandJSON(arguments: [String], message: String) throws {
+        let run = runSignctl(arguments)
+        #expect(run.status == 64)
+        #expect(run.stderr.hasPrefix("error: \(message)\n"), "\(run.stderr)")
+        let object = try #require(try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any])
+        let error = try #require(object["error"] as? [String: Any])
+        #expect(error["message"] as? String == message && error["code"] as? String == "usage", "\(run.stdout)")
     }
 
     /// The last --config won, so `keys delete` could reach another token than the one meant.
@@ -274,6 +295,9 @@ struct SignctlKeyIDTests {
         #expect(refused.status == 64, "\(refused.stderr)")
         #expect(refused.stderr.contains("--key-id ABC123DEFG differs from the key ID ZZZ999YYYX in the file name"), "\(refused.stderr)")
         #expect(refused.stderr.contains("--force-key-id"))
+        // A CLI audit: --force-key-id alone was accepted, and meant nothing.
+        let alone = runSignctl(["--config", config, "keys", "import", "--force-key-id", named])
+        #expect(alone.status == 64 && alone.stderr.hasPrefix("error: --force-key-id needs --key-id"), "\(alone.stderr)")
         let forced = runSignctl(["--config", config, "keys", "import", "--key-id", "ABC123DEFG", "--force-key-id", named])
         #expect(forced.status == 0, "\(forced.stderr)")
         #expect(forced.stdout.hasPrefix("imported ABC123DEFG"))
@@ -1309,6 +1333,9 @@ struct SignctlHintTests {
         #expect(missing.status == 78 && missing.stderr.contains("hint: no file at \(directory)/absent.json (from --config): pass --config FILE"), "\(missing.stderr)")
         let fromEnvironment = runSignctl(["keys", "list"], environment: ["SIGNERD_CONFIG": directory + "/absent.json"])
         #expect(fromEnvironment.status == 78 && fromEnvironment.stderr.contains("(from SIGNERD_CONFIG)"), "\(fromEnvironment.stderr)")
+        // A CLI audit: SIGNERD_CONFIG= was read as the path "" ("cannot read the configuration file : …").
+        let empty = runSignctl(["keys", "list"], environment: ["SIGNERD_CONFIG": ""])
+        #expect(empty.status != 0 && empty.stderr.contains(SignerConfiguration.defaultPath) && !empty.stderr.contains("file :"), "\(empty.stderr)")
     }
 
     /// `keys export-public` swallowed every look-up failure and, with two
