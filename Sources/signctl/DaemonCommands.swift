@@ -186,13 +186,15 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
         return .success
     }
     _ = try arguments.positionals(0, "")
-    let publicKey = try readPublicKey(try arguments.required("public-key"))
+    // Every usage error (64) before the key file is read (65 or 77 when it cannot be).
+    let publicKeyPath = try arguments.required("public-key")
     guard let timestamp = Int64(try arguments.required("timestamp")) else {
         throw UsageError("--timestamp must be UNIX time in milliseconds")
     }
     let signatureText = try arguments.required("signature")
     let (bundleID, keyID, productID, offerID, nonce) = (try arguments.required("bundle-id"), try arguments.required("key-id"),
                                                        try arguments.required("product-id"), try arguments.required("offer-id"), try arguments.required("nonce"))
+    let publicKey = try readPublicKey(publicKeyPath)
     let payload: PromotionalOfferPayload
     do {
         payload = try PromotionalOfferPayload(bundleID: bundleID, keyID: keyID, productID: productID, offerID: offerID,
@@ -202,6 +204,11 @@ func verifyPromotionalOffer(_ words: [String]) throws -> ExitCode {
     }
     var problems: [String] = []
     if timestamp < 100_000_000_000 { problems.append("the timestamp looks like seconds; Apple expects milliseconds") }
+    // The payload is rebuilt with them lowercase, as Apple's examples and
+    // signerd sign them; a signature over the uppercase text does not verify.
+    for (name, value) in [("nonce", nonce), ("app account token", arguments.options["app-account-token"] ?? "")] where value != value.lowercased() {
+        problems.append("the \(name) was given with uppercase letters; the payload is checked with it lowercase, as it must be signed")
+    }
     guard let der = Data(base64Encoded: signatureText).map(Array.init) else {
         let hint = signatureText.contains("-") || signatureText.contains("_") ? " (it looks like base64url; Apple wants standard Base64 with padding)"
             : signatureText.count % 4 != 0 ? " (the padding is missing)" : ""

@@ -173,6 +173,18 @@ struct EndpointTests {
         #expect(object["valid"] as? Bool == false, "\(output)")
         let problems = try #require(object["problems"] as? [String], "\(output)")
         #expect(problems.contains { $0.contains("seconds") }, "\(output)")
+
+        // A CLI audit: an uppercase nonce (a field failure: it must be signed lowercase) got no note.
+        let (_, upper) = daemon.signctlStatus(["verify", "promotional-offer", "--public-key", daemon.directory + "/pub.pem",
+                                               "--bundle-id", "com.example.app", "--key-id", "ABC123DEFG", "--product-id", "p", "--offer-id", "o",
+                                               "--nonce", "4A0F7B8E-2F1D-4C6A-9B3E-5D7C8E9F0A1B", "--timestamp", "1790800914034", "--signature", signature, "--json"])
+        let upperProblems = try #require((try JSONSerialization.jsonObject(with: Data(upper.utf8)) as? [String: Any])?["problems"] as? [String], "\(upper)")
+        #expect(upperProblems == ["the nonce was given with uppercase letters; the payload is checked with it lowercase, as it must be signed"], "\(upper)")
+
+        // The same audit: a missing option was reported as the unreadable --public-key file (65), not as a usage error.
+        let (missing, missingOutput) = daemon.signctlStatus(["verify", "promotional-offer", "--public-key", daemon.directory + "/absent.pem",
+                                                             "--bundle-id", "com.example.app", "--key-id", "ABC123DEFG", "--product-id", "p", "--offer-id", "o"])
+        #expect(missing == 64 && missingOutput.contains("is required"), "\(missingOutput)")
     }
 
     @Test("every signctl --json output is one JSON value and a trailing newline")
