@@ -36,13 +36,14 @@ for arg in "$@"; do
   case $arg in
     --keep-running) keep_running=1 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
-    -*) echo "error: unknown option $arg" >&2; exit 64 ;;
+    -*) printf 'error: unknown option %s\nhint: scripts/quickstart.sh [--keep-running] [FILE.p8]; --help for more\n' "$arg" >&2; exit 64 ;;
     *) p8=$arg ;;
   esac
 done
 if [ -n "$p8" ]; then p8=$(cd "$(dirname "$p8")" && pwd)/$(basename "$p8"); fi
 
-step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
+# Bold only on a terminal: a log file or CI output gets the plain text.
+if [ -t 1 ]; then step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }; else step() { printf '\n==> %s\n' "$*"; }; fi
 
 step "1/8 Installing missing Debian packages (libp11-kit-dev, softhsm2, libssl-dev, libmicrohttpd-dev, …)"
 "$repo/scripts/install-deps.sh"
