@@ -102,7 +102,7 @@ func failure(from response: ClientResponse) -> CommandFailure {
     let field = error?.field.map { " (field \($0))" } ?? ""
     // An answer without signerd's error object (another server on the socket, a proxy) is named as such.
     return CommandFailure(code, "\(response.status) \(error?.code ?? "error")\(field): \(error?.message ?? String(decoding: response.body, as: UTF8.self))",
-                          errorCode: error?.code ?? "unexpected_response")
+                          errorCode: error?.code ?? "unexpected_response", field: error?.field)
 }
 
 func health(_ words: [String], configPath: String) throws -> ExitCode {

@@ -58,17 +58,20 @@ Exit codes: 0 ok, 64 usage, 65 bad data, 69 unavailable (daemon, token or module
 """
 
 /// A failure as `--json` writes it on stdout: `{"error": {"code", "message",
-/// "hint", "exit_code"}}`, beside the same words on stderr. `code` is
+/// "hint"?, "field"?, "exit_code"}}`, beside the same words on stderr. `code` is
 /// always there: the stable code of a token, key-file or daemon error,
 /// signctl's own (`daemon_unreachable`, `malformed_jws`, …), or `usage`
 /// for a usage error (exit 64).
 struct JSONFailure: Encodable {
     let code: String
     let message: String
+    /// Left out when signctl has nothing to add to the message.
     let hint: String?
+    /// The field signerd named in its error (`{"error": {"field": …}}`), when it named one.
+    let field: String?
     let exitCode: Int32
     enum CodingKeys: String, CodingKey {
-        case code, message, hint
+        case code, message, hint, field
         case exitCode = "exit_code"
     }
 }
@@ -82,11 +85,14 @@ struct CommandFailure: Error {
     /// …) when the daemon refused, the token's or key file's, or signctl's
     /// (`daemon_unreachable`, `malformed_jws`, …).
     var errorCode: String
-    init(_ code: ExitCode, _ message: String, hint: String? = nil, errorCode: String) {
+    /// The field signerd named in its error, for `--json`.
+    var field: String?
+    init(_ code: ExitCode, _ message: String, hint: String? = nil, errorCode: String, field: String? = nil) {
         self.code = code
         self.message = message
         self.hint = hint
         self.errorCode = errorCode
+        self.field = field
     }
     /// The failure for `error`, keeping its code for `--json`, with more
     /// words than the library's.
@@ -283,6 +289,7 @@ ProcessControl.disableCoreDumps()
 /// - Returns: the exit status.
 func runReporting(_ words: [String]) -> Int32 {
     var caught: (message: String, hint: String?, code: ExitCode, errorCode: String)?
+    var field: String?
     do {
         try Arguments.checkUTF8((1..<Int(CommandLine.argc)).map { index in
             CommandLine.unsafeArgv[index].map { Array(UnsafeBufferPointer(start: UnsafeRawPointer($0).assumingMemoryBound(to: UInt8.self), count: strlen($0))) } ?? []
@@ -292,6 +299,7 @@ func runReporting(_ words: [String]) -> Int32 {
         caught = (error.message, error.hint, .usage, "usage")
     } catch let error as CommandFailure {
         caught = (error.message, error.hint, error.code, error.errorCode)
+        field = error.field
     } catch let error as HSMError {
         caught = (error.description, hint(for: error), exitCode(for: error), error.code.rawValue)
     } catch let error as CryptoError {
@@ -301,6 +309,7 @@ func runReporting(_ words: [String]) -> Int32 {
             // The daemon refused bench's first request (403, 429, 503): its own code and words.
             let refusal = failure(from: response)
             caught = ("\(error.description): \(refusal.message)", refusal.hint, refusal.code, refusal.errorCode)
+            field = refusal.field
         } else {
             // bench's --key-id names no configured key, or the key has no public key for --verify.
             caught = (error.description, nil, .dataError, "bench_not_started")
@@ -313,7 +322,7 @@ func runReporting(_ words: [String]) -> Int32 {
     writeError(reported.message, hint: reported.hint)
     // A script that asked for --json reads one JSON object on stdout either way.
     if words.prefix(while: { $0 != "--" }).contains("--json") {
-        printJSON(["error": JSONFailure(code: reported.errorCode, message: reported.message, hint: reported.hint, exitCode: reported.code.rawValue)])
+        printJSON(["error": JSONFailure(code: reported.errorCode, message: reported.message, hint: reported.hint, field: field, exitCode: reported.code.rawValue)])
     }
     return reported.code.rawValue
 }

@@ -132,6 +132,11 @@ struct EndpointTests {
         let json = try daemon.signctl(["sign", "promotional-offer", "--bundle-id", "com.example.app", "--key-id", "ABC123DEFG",
                                        "--product-id", "pro_monthly", "--offer-id", "o", "--json"])
         let viaCLI = try JSONDecoder().decode(PromotionalOfferResponse.self, from: Data(json.utf8))
+        // A refusal with --json carries the field signerd named (a CLI audit found it only inside the message).
+        let refused = runSignctl(["--config", daemon.configPath, "sign", "promotional-offer", "--bundle-id", "com.example.app", "--product-id", "p",
+                                  "--offer-id", "o", "--nonce", "undefined", "--json"], environment: daemon.environment)
+        let refusal = try #require((try JSONSerialization.jsonObject(with: Data(refused.stdout.utf8)) as? [String: Any])?["error"] as? [String: Any], "\(refused.stdout)")
+        #expect(refused.status == 65 && refusal["code"] as? String == "invalid_field" && refusal["field"] as? String == "nonce", "\(refused.stdout)")
         try first.publicKeyPEM.write(toFile: daemon.directory + "/pub.pem", atomically: false, encoding: .utf8)
         let verifyArguments = ["verify", "promotional-offer", "--public-key", daemon.directory + "/pub.pem", "--bundle-id", "com.example.app",
                                "--key-id", "ABC123DEFG", "--product-id", "pro_monthly", "--offer-id", "o", "--nonce", viaCLI.nonce,
