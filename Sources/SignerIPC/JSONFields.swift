@@ -437,7 +437,9 @@ public struct FieldReader {
     /// name (a 60,000-character one is not sent back in it); `field` holds it whole.
     private static func unknownField(_ name: String, path: String, fields: [String]) -> APIError {
         let owner = path.isEmpty ? "this request" : String(path.dropLast())
-        return APIError(.unknownField, "\(path)\(JSONText.shortened(name)) is not a field of \(owner) (fields are: \(fields.joined(separator: ", "))); check the spelling (snake_case)", field: path + name)
+        // An empty name is shown as the JSON string it is: the message began " is not a field".
+        let shown = name.isEmpty ? "\"\"" : JSONText.shortened(name)
+        return APIError(.unknownField, "\(path)\(shown) is not a field of \(owner) (fields are: \(fields.joined(separator: ", "))); check the spelling (snake_case)", field: path + name)
     }
 
     /// Refuses unknown members in the objects of the array member `name`,

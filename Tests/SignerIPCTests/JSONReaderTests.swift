@@ -274,6 +274,9 @@ struct JSONReaderTests {
         let unknown = refused("{\"\(long)\":1}")
         #expect(unknown?.code == .unknownField && unknown?.field == long)
         #expect(unknown?.message.hasPrefix("\(quoted) is not a field of this request") == true)
+        // An API audit: a member named "" gave a message that began " is not a field".
+        let empty = refused(#"{"":1}"#)
+        #expect(empty?.code == .unknownField && empty?.field == "" && empty?.message.hasPrefix(#""" is not a field of this request"#) == true, "\(String(describing: empty))")
         let entry = #expect(throws: APIError.self) { try OffersRequest(body: Array("{\"bundle_id\":\"a\",\"generate_offers\":[{\"\(long)\":1}]}".utf8)) }
         #expect(entry?.code == .unknownField && entry?.field == "generate_offers[0].\(long)")
         #expect(entry?.message.hasPrefix("generate_offers[0].\(quoted) is not a field of generate_offers[0]") == true)
