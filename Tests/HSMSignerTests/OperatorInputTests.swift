@@ -136,6 +136,8 @@ struct OperatorKeyFileTests {
             (try Self.write("cut-end.p8", cut + "\n-----END PRIVATE KEY-----\n"), "the key file's PEM block does not decode"),
             (try Self.write("edited.p8", "-----BEGIN PRIVATE KEY-----\n" + String(flipped) + "\n-----END PRIVATE KEY-----\n"), "the key file's PEM block does not decode"),
             (try Self.write("empty.p8", ""), "the key file is empty"),
+            // A CLI audit: a public key where the .p8 was meant got "not a PEM private key".
+            (try Self.write("public.p8", files.publicKeyPEM), "the file holds a public key (-----BEGIN PUBLIC KEY-----) and no private key"),
             (try Self.write("blank.p8", " \n\r\n"), "the key file is empty"),
             (encrypted, "the key file is encrypted ("),
             (legacy, "the key file is encrypted ("),
