@@ -41,6 +41,12 @@ public struct KeyImportResult: Sendable {
     public var publicKey: ECPublicKey
     /// Whether objects with this key ID were replaced.
     public var replaced: Bool
+    /// Whether every replaced public key object held the imported key
+    /// itself (`--replace` with the key the token already had): its objects
+    /// were written again, no key changed. False when nothing was replaced.
+    public var replacedSameKey: Bool {
+        replaced && !previousPoints.isEmpty && previousPoints.allSatisfy { $0 == publicKey.uncompressedPoint }
+    }
     /// Other key IDs whose public key objects hold the same key, sorted;
     /// empty unless the import was told to allow a duplicate key.
     public var duplicateOf: [String] = []

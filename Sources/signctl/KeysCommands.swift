@@ -444,7 +444,9 @@ func keysImport(_ words: [String], configPath: String) throws -> ExitCode {
     if arguments.flag("json") {
         printJSON(KeyImportEntry(key_id: result.keyID, fingerprint: result.publicKey.fingerprint, replaced: result.replaced, token_label: token.label))
     } else {
-        print("imported \(result.keyID) into token \(token.label)\(result.replaced ? " (replaced the old key)" : ""): non-extractable, self-test signature verified")
+        // A CLI audit: --replace with the key already there said "replaced the old key".
+        let replaced = result.replacedSameKey ? " (it already held this key; its objects were written again)" : result.replaced ? " (replaced the old key)" : ""
+        print("imported \(result.keyID) into token \(token.label)\(replaced): non-extractable, self-test signature verified")
         print("public key SHA-256 fingerprint: \(result.publicKey.fingerprint)")
         print("the .p8 file is no longer needed on this host; keep the original offline")
     }

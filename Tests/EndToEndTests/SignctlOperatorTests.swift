@@ -308,6 +308,8 @@ struct SignctlKeyIDTests {
         #expect(fromName.stdout.hasPrefix("imported ZZZ999YYYX"))
         let same = runSignctl(["--config", config, "keys", "import", "--key-id", "ZZZ999YYYX", "--replace", named])
         #expect(same.status == 0, "\(same.stderr)")
+        // A CLI audit: this said "(replaced the old key)", though the key is the one the token held.
+        #expect(same.stdout.hasPrefix("imported ZZZ999YYYX into token keyid") && same.stdout.contains("(it already held this key; its objects were written again)"), "\(same.stdout)")
     }
 }
 
