@@ -47,7 +47,8 @@ public struct BenchmarkReport: Codable, Sendable {
     /// loop with the PKCS#11 module in it), `signerd` is the daemon (socket
     /// mode, when its `/proc/PID/stat` is readable). From getrusage(2) and
     /// proc(5) `utime` + `stime`, whose resolution is one clock tick (10 ms
-    /// on Linux), so a run should last seconds, not milliseconds.
+    /// on Linux), so a run should last seconds, not milliseconds: `signerd`
+    /// is left out when the daemon used less than 10 ticks in the run.
     public var cpuMicrosecondsPerRequest: [String: Double]?
     /// The process whose RSS, descriptors and CPU time the report gives
     /// (socket mode): the socket's peer (`SO_PEERCRED`), or under socket
@@ -240,9 +241,17 @@ public enum ProcessStatistics {
         }
     }
 
-    /// CPU microseconds per request between two readings; nil without both or with no requests.
-    static func perRequest(_ before: UInt64?, _ after: UInt64?, requests: Int) -> Double? {
-        guard let before, let after, after >= before, requests > 0 else { return nil }
+    /// One clock tick of proc(5)'s `utime` and `stime`, in microseconds
+    /// (10,000 where `_SC_CLK_TCK` is 100).
+    static var procTickMicroseconds: UInt64 { 1_000_000 / UInt64(max(1, sysconf(Int32(_SC_CLK_TCK)))) }
+
+    /// CPU microseconds per request between two readings; nil without both,
+    /// with no requests, or when less than 10 × `resolution` (µs) of CPU
+    /// passed: a reading at /proc's one-tick resolution over a run of a
+    /// few milliseconds of CPU is off by up to all of it (a CLI audit saw
+    /// `"signerd": 0` for a 20-request run).
+    static func perRequest(_ before: UInt64?, _ after: UInt64?, requests: Int, resolution: UInt64 = 1) -> Double? {
+        guard let before, let after, after >= before, requests > 0, after - before >= 10 * resolution else { return nil }
         return Double(after - before) / Double(requests)
     }
 }
@@ -387,7 +396,7 @@ public struct LoadGenerator: Sendable {
         }
         var cpu: [String: Double] = [:]
         cpu["signctl"] = ProcessStatistics.perRequest(ownCPUBefore, ownCPUAfter, requests: count)
-        cpu["signerd"] = ProcessStatistics.perRequest(daemonCPUBefore, daemonCPUAfter, requests: count)
+        cpu["signerd"] = ProcessStatistics.perRequest(daemonCPUBefore, daemonCPUAfter, requests: count, resolution: ProcessStatistics.procTickMicroseconds)
         return BenchmarkReport(mode: "socket", endpoint: endpoint.rawValue, concurrency: concurrency, requests: count,
                                durationSeconds: elapsed, throughput: Double(latencies.count) / elapsed,
                                latencyMs: LatencyStatistics.summarize(latencies),

@@ -554,6 +554,9 @@ func bench(_ words: [String], configPath: String) throws -> ExitCode {
             // socket's peer may be another server (the C floor, a proxy).
             print("CPU µs per request: " + cpu.sorted { $0.key < $1.key }.map { "\($0.key == "signerd" ? "daemon" : $0.key) " + String(format: "%.1f", $0.value) }.joined(separator: ", "))
         }
+        if report.daemonPID != nil, report.cpuMicrosecondsPerRequest?["signerd"] == nil {
+            print("daemon CPU not shown: it used less than 10 clock ticks of /proc/PID/stat in this run; run for a second or more")
+        }
     }
     guard report.requests > 0 else {
         // A run that completed nothing measured nothing: not a success.

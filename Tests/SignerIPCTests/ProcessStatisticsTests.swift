@@ -1,5 +1,5 @@
 import Foundation
-import SignerIPC
+@testable import SignerIPC
 import Testing
 
 /// The CPU and memory readings `signctl bench` reports, checked against
@@ -33,5 +33,23 @@ struct ProcessStatisticsTests {
         // PIDs above the kernel's pid_max (at most 2^22) never exist.
         #expect(ProcessStatistics.cpuMicroseconds(Int32(1 << 23)) == nil)
         #expect(ProcessStatistics.residentKiB(Int32(1 << 23)) == nil)
+    }
+}
+
+@Suite("bench CPU per request")
+struct PerRequestCPUTests {
+    /// A CLI audit: a 20-request run reported the daemon at 0 µs per
+    /// request, one /proc tick (10 ms) being all of a short run's CPU or none.
+    @Test("a reading under 10 ticks of its resolution is left out; over it, the mean per request")
+    func belowResolution() {
+        let tick = ProcessStatistics.procTickMicroseconds
+        #expect(tick > 0)
+        #expect(ProcessStatistics.perRequest(1_000, 1_000, requests: 20, resolution: tick) == nil)
+        #expect(ProcessStatistics.perRequest(1_000, 1_000 + 9 * tick, requests: 20, resolution: tick) == nil)
+        #expect(ProcessStatistics.perRequest(1_000, 1_000 + 10 * tick, requests: 20, resolution: tick) == Double(10 * tick) / 20)
+        // getrusage's microseconds: any reading of 10 µs or more counts.
+        #expect(ProcessStatistics.perRequest(0, 2_000, requests: 20) == 100)
+        #expect(ProcessStatistics.perRequest(0, 2_000, requests: 0) == nil)
+        #expect(ProcessStatistics.perRequest(5, 2, requests: 20) == nil)
     }
 }
