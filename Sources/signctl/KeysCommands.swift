@@ -280,9 +280,9 @@ func pinSourceHint(_ pinSource: String?, configPath: String) -> String {
 }
 
 func tokenInit(_ words: [String]) throws -> ExitCode {
-    let arguments = try Arguments(words, options: ["label", "pin-file", "so-pin-file", "module"], flags: [])
+    let arguments = try Arguments(words, options: ["label", "pin-file", "so-pin-file", "module"], flags: ["json"])
     if arguments.flag("help") {
-        print("usage: signctl token init --label LABEL --pin-file F --so-pin-file F [--module PATH]\n\nInitializes a free token (SoftHSM's module unless --module; no configuration is read) and sets its PINs,\nread from files no other user may read (mode 0600, or 0640 with signerd's group).\nIdempotent: an initialized token with the label is left alone; one without a user PIN gets it.\nBoth PINs are checked against the token's PIN length limits before anything changes.\nThe same PIN as user and SO PIN is allowed, with a warning on stderr.")
+        print("usage: signctl token init --label LABEL --pin-file F --so-pin-file F [--module PATH] [--json]\n\nInitializes a free token (SoftHSM's module unless --module; no configuration is read) and sets its PINs,\nread from files no other user may read (mode 0600, or 0640 with signerd's group).\nIdempotent: an initialized token with the label is left alone; one without a user PIN gets it.\nBoth PINs are checked against the token's PIN length limits before anything changes.\nThe same PIN as user and SO PIN is allowed, with a warning on stderr.")
         return .success
     }
     _ = try arguments.positionals(0, "")
@@ -303,10 +303,19 @@ func tokenInit(_ words: [String]) throws -> ExitCode {
     let outcome = try ProcessControl.holdingTerminationSignals {
         try TokenAdministration.initializeToken(modulePath: module, label: label, soPIN: soPIN, userPIN: userPIN)
     }
-    switch outcome {
-    case .initialized(let serial): print("initialized token \(label) (serial \(serial))")
-    case .alreadyInitialized(let serial): print("token \(label) already initialized (serial \(serial)); left unchanged, and its PINs were not checked against the PIN files")
-    case .userPINSet(let serial): print("token \(label) was initialized without a user PIN (serial \(serial)); set the user PIN")
+    if arguments.flag("json") {
+        let (serial, name): (String, String) = switch outcome {
+        case .initialized(let serial): (serial, "initialized")
+        case .alreadyInitialized(let serial): (serial, "already_initialized")
+        case .userPINSet(let serial): (serial, "user_pin_set")
+        }
+        printJSON(TokenInitEntry(token_label: label, serial: serial, outcome: name))
+    } else {
+        switch outcome {
+        case .initialized(let serial): print("initialized token \(label) (serial \(serial))")
+        case .alreadyInitialized(let serial): print("token \(label) already initialized (serial \(serial)); left unchanged, and its PINs were not checked against the PIN files")
+        case .userPINSet(let serial): print("token \(label) was initialized without a user PIN (serial \(serial)); set the user PIN")
+        }
     }
     // SoftHSM writes the token's files mode 0600 for root: the service's
     // user (the shipped unit runs as signerd) could not read them.
@@ -473,6 +482,18 @@ struct KeyDeletionEntry: Encodable {
     let key_id: String?
     let token_label: String
     let objects_deleted: Int
+    /// The codes of the warnings written on stderr (`key_still_configured`),
+    /// so that a script reading stdout sees them too.
+    var warnings: [String] = []
+}
+
+/// What `token init --json` prints: the token, its serial number, and
+/// which of the three outcomes it was.
+struct TokenInitEntry: Encodable {
+    let token_label: String
+    let serial: String
+    /// `initialized`, `already_initialized` or `user_pin_set`.
+    let outcome: String
 }
 
 /// What `token change-pin --json` prints once the new PIN is stored.
@@ -642,6 +663,7 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
     // A signerd that still has it configured takes its disappearance for
     // the token's storage going away: every key answers 503 for about a
     // second while the module is reinitialized (OPERATIONS.md, "Retiring a key").
+    var warnings: [String] = []
     let outage = "marks the token down for about a second (every key answers 503) before it takes \(keyID) as deleted; "
         + "remove it from keys[] of signerd's configuration and reload signerd before deleting a key"
     switch served {
@@ -649,11 +671,13 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         // A key signerd serves from another token is not the one deleted here.
         if keys.contains(where: { $0.keyID == keyID && $0.tokenLabel == token.label }) {
             writeStandardError("warning: key_still_configured: \(keyID) is in keys[] of the running signerd (GET /v1/keys on \(configuration.socketPath)); it \(outage)\n")
+            warnings.append("key_still_configured")
         }
     case .unanswered(let reason, let notRunning):
         if configuration.keys.contains(where: { $0.keyID == keyID }) {
             writeStandardError(("warning: key_still_configured: \(keyID) is in keys[] of \(configPath), signctl's configuration, read because signerd did not answer "
                 + "GET /v1/keys on \(configuration.socketPath) (\(reason)); a signerd running with it \(outage)\n"))
+            warnings.append("key_still_configured")
         } else if !notRunning {
             // Something listens there that could not say: the file is all signctl has, and it may be out of date.
             writeStandardError(("note: could not ask signerd on \(configuration.socketPath) which keys it serves (\(reason)); keys[] of \(configPath) does not list \(keyID), "
@@ -661,7 +685,7 @@ func keysDelete(_ words: [String], configPath: String) throws -> ExitCode {
         }
     }
     if arguments.flag("json") {
-        printJSON(KeyDeletionEntry(key_id: keyID, token_label: token.label, objects_deleted: removed))
+        printJSON(KeyDeletionEntry(key_id: keyID, token_label: token.label, objects_deleted: removed, warnings: warnings))
     } else {
         print("deleted \(keyID) from token \(token.label) (\(removed) \(removed == 1 ? "object" : "objects"))")
     }

@@ -7,7 +7,7 @@ let usage = """
 usage: signctl [--config FILE] [--json] <command> [options]
 
 Token and keys (talk to the PKCS#11 token named by token_uri in the config):
-  token init --label LABEL --pin-file F --so-pin-file F [--module PATH]
+  token init --label LABEL --pin-file F --so-pin-file F [--module PATH] [--json]
                          initialize a development token (SoftHSM's module unless --module;
                          reads no configuration); PINs come from files
                          no other user may read (0600, or 0640 with signerd's group)

@@ -225,6 +225,24 @@ struct SignctlTokenInitTests {
         #expect(list.stdout.contains("no keys on token short"))
     }
 
+    /// A CLI audit: `signctl --json token init` was "unknown option --json",
+    /// though the serial it prints is what a provisioning script wants.
+    @Test("token init --json: the label, the serial and the outcome, initialized then already_initialized")
+    func initJSON() throws {
+        let hsm = try FreeSoftHSM()
+        let soPIN = try hsm.pinFile("so-pin", "12345678")
+        let pin = try hsm.pinFile("pin", "87654321")
+        var serials: [String] = []
+        for expected in ["initialized", "already_initialized"] {
+            let run = runSignctl(["--json", "token", "init", "--label", "json", "--pin-file", pin, "--so-pin-file", soPIN, "--module", hsm.modulePath], environment: hsm.environment)
+            #expect(run.status == 0, "\(run.stderr)")
+            let object = try #require(try JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: String], "\(run.stdout)")
+            #expect(object["token_label"] == "json" && object["outcome"] == expected && object["serial"]?.isEmpty == false, "\(run.stdout)")
+            serials.append(object["serial"] ?? "")
+        }
+        #expect(serials[0] == serials[1])
+    }
+
     @Test("the same PIN file for the user and the SO PIN initializes the token with a warning on stderr")
     func samePINs() throws {
         let hsm = try FreeSoftHSM()
@@ -747,20 +765,27 @@ struct SignctlStillConfiguredTests {
             "keys": ["STALEONLY1", "STALEONLY2"].map { ["key_id": $0, "bundle_ids": ["com.example.app"]] },
         ], options: [.withoutEscapingSlashes]).write(to: URL(fileURLWithPath: stale))
         func delete(_ keyID: String) -> (status: Int32, stdout: String, stderr: String) {
-            runProgram(Binaries.signctl, ["--config", stale, "keys", "delete", keyID, "--yes"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+            runProgram(Binaries.signctl, ["--config", stale, "keys", "delete", keyID, "--yes", "--json"], environment: ["SOFTHSM2_CONF": daemon.softHSMConf])
+        }
+        // With --json the warning's code is in the output too (a CLI audit found it only on stderr).
+        func warnings(_ run: (status: Int32, stdout: String, stderr: String)) -> [String]? {
+            (try? JSONSerialization.jsonObject(with: Data(run.stdout.utf8)) as? [String: Any])?["warnings"] as? [String]
         }
         let notServed = delete("STALEONLY1")
         #expect(notServed.status == 0, "\(notServed.stderr)")
         #expect(!notServed.stderr.contains("key_still_configured"), "signerd does not serve STALEONLY1: \(notServed.stderr)")
+        #expect(warnings(notServed) == [], "\(notServed.stdout)")
         let served = delete("XYZ987WVUT")
         #expect(served.status == 0, "\(served.stderr)")
         #expect(served.stderr.contains("warning: key_still_configured: XYZ987WVUT is in keys[] of the running signerd (GET /v1/keys on \(daemon.socketPath)); it marks the token down"),
                 "\(served.stderr)")
+        #expect(warnings(served) == ["key_still_configured"], "\(served.stdout)")
         #expect(daemon.stop() == 0)
         let unanswered = delete("STALEONLY2")
         #expect(unanswered.status == 0, "\(unanswered.stderr)")
         #expect(unanswered.stderr.hasPrefix("warning: key_still_configured: STALEONLY2 is in keys[] of \(stale), signctl's configuration, read because signerd did not answer GET /v1/keys on \(daemon.socketPath) ("),
                 "\(unanswered.stderr)")
+        #expect(warnings(unanswered) == ["key_still_configured"], "\(unanswered.stdout)")
     }
 }
 
