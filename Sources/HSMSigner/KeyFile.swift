@@ -96,16 +96,17 @@ public final class ECPrivateKeyMaterial: Sendable {
             if error.openSSLErrors.contains(where: { $0.hasSuffix(":point is not on curve") }) {
                 throw CryptoError(.keyFileInvalid, "the key's public point is not on the curve: the file is damaged or was edited; \(intactCopy)")
             }
-            // A public key or a certificate where the private key was meant (a CLI audit: "not a PEM private key").
-            for (label, what) in [("PUBLIC KEY", "a public key"), ("CERTIFICATE", "a certificate")]
-            where pem.withUnsafeBytes({ ECPrivateKeyMaterial.count($0, "-----BEGIN \(label)-----") }) > 0 {
-                throw CryptoError(.keyFileInvalid, "the file holds \(what) (-----BEGIN \(label)-----) and no private key: import the .p8 App Store Connect delivered, which begins -----BEGIN PRIVATE KEY-----")
-            }
-            // The right header, yet nothing OpenSSL can read: a damaged copy, not the wrong kind of file.
             let (begins, ends) = pem.withUnsafeBytes { bytes in
                 (ECPrivateKeyMaterial.count(bytes, "-----BEGIN PRIVATE KEY-----") + ECPrivateKeyMaterial.count(bytes, "-----BEGIN EC PRIVATE KEY-----"),
                  ECPrivateKeyMaterial.count(bytes, "-----END PRIVATE KEY-----") + ECPrivateKeyMaterial.count(bytes, "-----END EC PRIVATE KEY-----"))
             }
+            // No private key block, but a public key or a certificate where the private key was meant
+            // (a CLI audit: "not a PEM private key"). Beside a damaged private key block, the block is the news.
+            for (label, what) in [("PUBLIC KEY", "a public key"), ("CERTIFICATE", "a certificate")]
+            where begins == 0 && pem.withUnsafeBytes({ ECPrivateKeyMaterial.count($0, "-----BEGIN \(label)-----") }) > 0 {
+                throw CryptoError(.keyFileInvalid, "the file holds \(what) (-----BEGIN \(label)-----) and no private key: import the .p8 App Store Connect delivered, which begins -----BEGIN PRIVATE KEY-----")
+            }
+            // The right header, yet nothing OpenSSL can read: a damaged copy, not the wrong kind of file.
             if begins == 1 && ends == 0 {
                 throw CryptoError(.keyFileInvalid, "the key file's PEM block has no -----END line: the file is cut short; \(intactCopy)")
             }

@@ -138,6 +138,8 @@ struct OperatorKeyFileTests {
             (try Self.write("empty.p8", ""), "the key file is empty"),
             // A CLI audit: a public key where the .p8 was meant got "not a PEM private key".
             (try Self.write("public.p8", files.publicKeyPEM), "the file holds a public key (-----BEGIN PUBLIC KEY-----) and no private key"),
+            // A damaged key after its public key: the damage is what to report.
+            (try Self.write("public-then-cut.p8", files.publicKeyPEM + cut + "\n-----END PRIVATE KEY-----\n"), "the key file's PEM block does not decode"),
             (try Self.write("blank.p8", " \n\r\n"), "the key file is empty"),
             (encrypted, "the key file is encrypted ("),
             (legacy, "the key file is encrypted ("),
